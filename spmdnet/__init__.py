@@ -1,0 +1,28 @@
+"""spmdnet: neural networks trained with plain MPI, NumPy and CuPy.
+
+Importing spmdnet needs neither a GPU nor an MPI launch: ``dist`` imports
+mpi4py only when first used.
+"""
+from . import functional, nn, optim
+from .errors import CheckpointError, DistributedError
+from .ops import REGISTRY as _OPS  # noqa: F401 - binds the Tensor operators
+from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
+from .tensor import (
+                     Function,
+                     Tensor,
+                     as_tensor,
+                     enable_grad,
+                     get_default_dtype,
+                     is_grad_enabled,
+                     no_grad,
+                     queue_callback,
+                     set_default_dtype,
+                     tensor,
+)
+
+__version__ = "0.1.0"
+
+__all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",
+           "is_grad_enabled", "queue_callback", "set_default_dtype", "get_default_dtype",
+           "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
+           "DistributedError", "CheckpointError", "functional", "nn", "optim"]

@@ -1,0 +1,41 @@
+"""Every SPMDNET_* environment knob, read in one place.
+
+Read at call time (not import time) so tests and launchers can set them late.
+"""
+import os
+
+KNOBS = {
+    "SPMDNET_DEVICE": "cpu | gpu | auto (default auto: gpu when CuPy sees one)",
+    "SPMDNET_KERNELS": "numba | xp (default numba when Numba imports)",
+    "SPMDNET_ABORT_ON_ERROR": "1 | 0 (default 1: an uncaught exception aborts "
+                              "the whole MPI job)",
+    "SPMDNET_CUDA_AWARE": "1 | 0 | auto (default auto: probe the MPI library)",
+    "SPMDNET_LOG_LEVEL": "DEBUG | INFO | WARNING (default WARNING)",
+}
+
+
+def get(name, default=None):
+    """The raw value of a knob, or ``default``; unknown names are a bug."""
+    assert name in KNOBS, f"unknown spmdnet knob {name}"
+    value = os.environ.get(name)
+    return default if value in (None, "") else value
+
+
+def get_bool(name, default):
+    """A 0/1 knob; anything else raises with the accepted values."""
+    value = get(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={value!r}: expected 1 or 0")
+
+
+def get_choice(name, choices, default):
+    """A knob restricted to ``choices``; anything else raises listing them."""
+    value = get(name, default).lower()
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {sorted(choices)}")
+    return value

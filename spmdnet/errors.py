@@ -1,0 +1,9 @@
+"""spmdnet's own exception types."""
+
+
+class DistributedError(RuntimeError):
+    """Ranks disagree (shapes, parameters, lengths); raised on every rank."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete, corrupt, or does not fit the model or world."""

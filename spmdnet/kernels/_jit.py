@@ -1,0 +1,30 @@
+"""The only module that imports Numba.
+
+When Numba is missing the callers fall back to plain-xp code and one warning
+says so. Kernels are compiled lazily, at first use, so importing spmdnet stays
+fast and never needs a compiler.
+"""
+import warnings
+
+try:
+    import numba
+    NUMBA_ERROR = None
+except ImportError as exc:  # pragma: no cover - numba is a core dependency
+    numba = None
+    NUMBA_ERROR = exc
+
+_warned = []
+
+
+def available():
+    """True when Numba imported; warns once (with the import error) when not."""
+    if numba is None and not _warned:
+        _warned.append(True)
+        warnings.warn(f"Numba is unavailable ({NUMBA_ERROR!r}); spmdnet runs its "
+                      "plain NumPy code paths instead", RuntimeWarning, stacklevel=3)
+    return numba is not None
+
+
+def vectorize(signatures, fn):
+    """``numba.vectorize`` of a scalar function with fixed signatures."""
+    return numba.vectorize(signatures, nopython=True, cache=False)(fn)

@@ -1,0 +1,18 @@
+"""Parameter: a leaf tensor that a Module registers and optimizers update."""
+from ..tensor import Tensor, _as_array
+
+
+class Parameter(Tensor):
+    """A tensor that requires grad and is registered when set on a Module.
+
+    Optimizers update ``.data`` in place, so views onto it (flat buffers of
+    data parallelism) stay valid: never rebind ``.data`` of a live parameter.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data, requires_grad=True):
+        super().__init__(_as_array(data), requires_grad=requires_grad)
+
+    def __repr__(self):
+        return f"Parameter({self.data!r})"

@@ -1,0 +1,49 @@
+"""Matrix products: matmul (2-D and batched) and the fused linear layer."""
+from ..tensor import Function
+from ._util import unbroadcast
+
+
+def _swap(a):
+    return a.swapaxes(-1, -2)
+
+
+class MatMul(Function):
+    """a @ b for a, b with ndim >= 2 (batch dims broadcast); the functional
+    wrapper lifts 1-D operands to matrices."""
+
+    def forward(self, a, b):
+        if a.shape[-1] != b.shape[-2]:
+            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned "
+                             f"({a.shape[-1]} != {b.shape[-2]})")
+        self.a, self.b = a, b
+        return a @ b
+
+    def backward(self, g):
+        need_a, need_b = self.needs_input_grad
+        ga = unbroadcast(g @ _swap(self.b), self.a.shape) if need_a else None
+        gb = unbroadcast(_swap(self.a) @ g, self.b.shape) if need_b else None
+        return ga, gb
+
+
+class Linear(Function):
+    """x @ weight.T (+ bias), weight (out, in): one op so backward does three
+    products and no broadcasting bookkeeping. x may have leading batch dims."""
+
+    def forward(self, x, weight, *bias):
+        if x.shape[-1] != weight.shape[1]:
+            raise ValueError(f"linear: input shape {x.shape} does not match weight shape "
+                             f"{weight.shape} (in_features {weight.shape[1]})")
+        self.x, self.weight = x, weight
+        out = x @ weight.T
+        if bias:
+            out += bias[0]
+        return out
+
+    def backward(self, g):
+        need = self.needs_input_grad
+        gx = g @ self.weight if need[0] else None
+        g2 = g.reshape(-1, g.shape[-1])
+        gw = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need[1] else None
+        if len(need) == 2:
+            return gx, gw
+        return gx, gw, (g2.sum(axis=0) if need[2] else None)

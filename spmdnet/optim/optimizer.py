@@ -1,0 +1,175 @@
+"""The Optimizer base class: parameter groups, per-parameter state, and
+checkpointing in PyTorch's ``state_dict`` layout.
+
+Optimizers work on raw arrays (``p.data``, ``p.grad``), never on Tensors, so
+no autograd graph is recorded and no ``no_grad`` is needed. They update
+``p.data`` strictly in place: other objects (flat gradient buckets, views
+made by data-parallel wrappers) alias those buffers and must stay valid.
+"""
+import numpy as np
+
+from ..backend import asnumpy, xp_of
+
+_SCRATCH = "_scratch"  # private state key: never saved, rebuilt on demand
+
+
+def _is_param(obj):
+    """Duck-typed parameter test: anything with ``data`` and ``grad``."""
+    return hasattr(obj, "data") and hasattr(obj, "grad")
+
+
+def check_nonneg(name, value):
+    """Raise ValueError showing the value unless ``value >= 0``.
+
+    Written as ``not value >= 0`` so NaN is rejected too.
+    """
+    if not value >= 0.0:
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+def scratch(state, data):
+    """A scratch array like ``data``, allocated once and kept in ``state``.
+
+    Updates write their temporaries here through ``out=`` so that a step
+    allocates nothing after the first one.
+    """
+    buf = state.get(_SCRATCH)
+    if buf is None:
+        buf = state[_SCRATCH] = xp_of(data).empty_like(data)
+    return buf
+
+
+class Optimizer:
+    """Base class holding ``param_groups`` and ``state`` like PyTorch's.
+
+    ``params`` is an iterable of parameters, or of dicts ``{"params": [...],
+    **hyperparameters}``; missing hyperparameters come from ``defaults``.
+    ``state`` maps each parameter (hashed by identity) to a dict.
+    Subclasses implement ``step`` and may override ``_validate(group)``.
+    """
+
+    def __init__(self, params, defaults):
+        if _is_param(params):
+            raise TypeError("params must be an iterable of parameters or of "
+                            "dicts, got a single parameter")
+        self.defaults = dict(defaults)
+        self._validate(self.defaults)
+        self.state = {}
+        self.param_groups = []
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def _validate(self, group):
+        """Raise ValueError for an invalid hyperparameter in ``group``."""
+
+    def add_param_group(self, group):
+        """Add a group; its unset hyperparameters take the defaults."""
+        if not isinstance(group, dict):
+            raise TypeError(f"a param group must be a dict, got {type(group).__name__}")
+        params = group["params"]
+        params = [params] if _is_param(params) else list(params)
+        for p in params:
+            if not _is_param(p):
+                raise TypeError(f"optimizer can only optimize parameters, got "
+                                f"{type(p).__name__}")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if len({id(p) for p in params}) != len(params) or \
+                any(id(p) in seen for p in params):
+            raise ValueError("a parameter appears more than once in the optimizer")
+        group = {**self.defaults, **group, "params": params}
+        self._validate(group)
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none=True):
+        """Drop gradients (``set_to_none=True``) or zero them in place.
+
+        Zeroing in place keeps gradient buffers that others alias (e.g. a
+        flat all-reduce bucket) alive; dropping them frees the memory.
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.fill(0)
+
+    def step(self, closure=None):
+        """Apply one update to every parameter that has a gradient."""
+        raise NotImplementedError
+
+    def _indexed_params(self):
+        """Parameters in group order: their position is the checkpoint index."""
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def state_dict(self):
+        """A checkpoint in PyTorch's layout; arrays are host NumPy copies.
+
+        Parameters are named by their index across groups, so the
+        checkpoint can be loaded into an optimizer over new parameter
+        objects built in the same order.
+        """
+        index = {id(p): i for i, p in enumerate(self._indexed_params())}
+        state = {}
+        for p, st in self.state.items():
+            state[index[id(p)]] = {
+                k: (np.array(asnumpy(v), copy=True) if hasattr(v, "shape") else v)
+                for k, v in st.items() if not k.startswith("_")}
+        groups, start = [], 0
+        for g in self.param_groups:
+            n = len(g["params"])
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(range(start, start + n))})
+            start += n
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Restore a ``state_dict()``; everything is checked before anything
+        changes, so a bad checkpoint leaves the optimizer untouched."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"loaded state dict has {len(saved_groups)} parameter groups, "
+                f"the optimizer has {len(self.param_groups)}")
+        for i, (g, sg) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(g["params"]) != len(sg["params"]):
+                raise ValueError(
+                    f"parameter group {i} has {len(g['params'])} parameters, "
+                    f"the loaded state dict has {len(sg['params'])}")
+        params = self._indexed_params()
+        new_state = {}
+        for idx, st in state_dict["state"].items():
+            idx = int(idx)
+            if not 0 <= idx < len(params):
+                raise ValueError(f"state for unknown parameter index {idx}")
+            p = params[idx]
+            xp = xp_of(p.data)
+            entry = {}
+            for k, v in st.items():
+                if hasattr(v, "shape") and np.ndim(v) > 0:
+                    if tuple(v.shape) != tuple(p.data.shape):
+                        raise ValueError(
+                            f"state '{k}' of parameter {idx} has shape "
+                            f"{tuple(v.shape)}, the parameter has shape "
+                            f"{tuple(p.data.shape)}")
+                    v = xp.array(v, dtype=p.data.dtype)  # a copy, on p's device
+                elif isinstance(v, np.ndarray):
+                    v = v.item()
+                entry[k] = v
+            new_state[p] = entry
+        for g, sg in zip(self.param_groups, saved_groups):
+            g.update({k: v for k, v in sg.items() if k != "params"})
+        self.state = new_state
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            hp = ", ".join(f"{k}={v}" for k, v in g.items() if k != "params")
+            lines.append(f"  group {i}: {len(g['params'])} params, {hp}")
+        return "\n".join(lines + [")"])

@@ -1,0 +1,78 @@
+"""Stochastic gradient descent with PyTorch's momentum/Nesterov rule."""
+from ..backend import xp_of
+from .optimizer import Optimizer, check_nonneg, scratch
+
+
+class SGD(Optimizer):
+    """SGD, update rule identical to ``torch.optim.SGD``::
+
+        g = grad + weight_decay * p
+        if momentum:
+            buf = g                                  (first step, no dampening)
+            buf = momentum * buf + (1 - dampening) * g   (later steps)
+            g = g + momentum * buf if nesterov else buf
+        p -= lr * g
+
+    Every temporary goes through one scratch array per parameter, so a
+    step allocates nothing after the first and ``p.data`` (and ``p.grad``)
+    keep their identity and dtype. ``state[p]["momentum_buffer"]`` holds
+    the buffer, as in PyTorch.
+    """
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0,
+                 weight_decay=0.0, nesterov=False):
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening,
+                        "weight_decay": weight_decay, "nesterov": nesterov}
+        super().__init__(params, defaults)
+
+    def _validate(self, group):
+        check_nonneg("learning rate", group["lr"])
+        check_nonneg("momentum value", group["momentum"])
+        check_nonneg("weight_decay value", group["weight_decay"])
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(
+                "Nesterov momentum requires a momentum > 0 and zero dampening, "
+                f"got momentum={group['momentum']}, dampening={group['dampening']}")
+
+    def step(self, closure=None):
+        """One update; ``closure`` (optional) re-evaluates and returns the loss."""
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            # Python floats keep float32 arrays float32 (NumPy's weak scalars).
+            lr, mom = float(group["lr"]), float(group["momentum"])
+            damp, wd = float(group["dampening"]), float(group["weight_decay"])
+            nesterov = group["nesterov"]
+            for p in group["params"]:
+                grad = p.grad
+                if grad is None:
+                    continue
+                data = p.data
+                xp = xp_of(data, grad)
+                state = self.state.setdefault(p, {})
+                tmp = scratch(state, data)
+                g = grad
+                if wd != 0.0:  # g = grad + wd * p, never touching p.grad
+                    xp.multiply(data, wd, out=tmp)
+                    tmp += grad
+                    g = tmp
+                if mom != 0.0:
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = state["momentum_buffer"] = g.copy()
+                    else:
+                        buf *= mom
+                        if damp != 0.0:
+                            xp.multiply(g, 1.0 - damp, out=tmp)  # g is dead after
+                            buf += tmp
+                        else:
+                            buf += g
+                    if nesterov:  # p -= lr * g; p -= lr * momentum * buf
+                        xp.multiply(g, lr, out=tmp)
+                        data -= tmp
+                        xp.multiply(buf, lr * mom, out=tmp)
+                    else:
+                        xp.multiply(buf, lr, out=tmp)
+                else:
+                    xp.multiply(g, lr, out=tmp)
+                data -= tmp
+        return loss
