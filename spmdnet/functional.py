@@ -92,6 +92,8 @@ def dropout(x, p=0.5, training=True):
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
+    if p == 1.0:  # every element dropped; the 1/(1-p) scale would divide by zero
+        return x * 0.0
     return Dropout.apply(x, p=p)
 
 

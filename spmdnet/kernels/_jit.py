@@ -28,3 +28,12 @@ def available():
 def vectorize(signatures, fn):
     """``numba.vectorize`` of a scalar function with fixed signatures."""
     return numba.vectorize(signatures, nopython=True, cache=False)(fn)
+
+
+prange = numba.prange if numba is not None else range
+
+
+def njit_parallel(fn):
+    """``fn`` compiled for the CPU with ``parallel=True`` (prange loops run on
+    Numba's threads; NUMBA_NUM_THREADS sets how many)."""
+    return numba.njit(parallel=True, fastmath=False, cache=False)(fn)

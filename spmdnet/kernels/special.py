@@ -9,11 +9,15 @@ from . import _jit
 _compiled = {}
 
 
+def _erf_scalar(x):
+    return math.erf(x)
+
+
 def _erf_cpu():
     if "erf" not in _compiled:
         if _jit.available():
             _compiled["erf"] = _jit.vectorize(["float32(float32)", "float64(float64)"],
-                                              math.erf)
+                                              _erf_scalar)
         else:
             _compiled["erf"] = np.vectorize(math.erf, otypes=[np.float64])
     return _compiled["erf"]

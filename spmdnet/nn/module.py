@@ -22,15 +22,34 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"{type(self).__name__}: call super().__init__() before "
                                f"assigning {name!r}")
-        for table in (self._parameters, self._buffers, self._modules):
-            table.pop(name, None)
+        # As PyTorch: re-assigning a registered name keeps its place in the
+        # order (state_dict keys, parameter order); a parameter or module slot
+        # takes only its own kind or None, so a stray Tensor cannot silently
+        # unregister a parameter; a buffer slot takes a Tensor, array or None.
+        params, buffers, modules = self._parameters, self._buffers, self._modules
         if isinstance(value, Parameter):
-            self._parameters[name] = value
+            target = params
         elif isinstance(value, Module):
-            self._modules[name] = value
+            target = modules
+        elif name in params or name in modules:
+            if value is not None:
+                kind = "parameter" if name in params else "module"
+                raise TypeError(f"cannot assign {type(value).__name__} as {kind} {name!r} of "
+                                f"{type(self).__name__} (a {kind} or None expected)")
+            target = params if name in params else None  # no None entries in _modules
+        elif name in buffers:
+            target = buffers
+            if value is not None and not isinstance(value, Tensor):
+                value = Tensor(value)
         else:
+            target = None
+        for table in (params, buffers, modules):
+            if table is not target:
+                table.pop(name, None)
+        if target is None:
             object.__setattr__(self, name, value)
             return
+        target[name] = value
         self.__dict__.pop(name, None)
 
     def __getattr__(self, name):  # only called when normal lookup fails
@@ -116,10 +135,23 @@ class Module:
         return self
 
     # -- state -------------------------------------------------------------------
+    def _state_items(self):
+        """(key, tensor) in PyTorch's state_dict order: a module's own
+        parameters, then its buffers, then each child's, depth first. Unlike
+        named_parameters(), a shared tensor appears under every name, as in
+        PyTorch (tied weights give two keys)."""
+        out, stack = [], [("", self)]
+        while stack:
+            prefix, mod = stack.pop()
+            for table in (mod._parameters, mod._buffers):
+                out.extend((prefix + k, t) for k, t in table.items() if t is not None)
+            stack.extend(reversed([(f"{prefix}{k}.", m) for k, m in mod._modules.items()]))
+        return out
+
     def state_dict(self):
         """{dotted name: NumPy copy} of parameters and buffers, PyTorch's keys."""
-        items = list(self.named_parameters()) + list(self.named_buffers())
-        return OrderedDict((k, np.array(asnumpy(t.data), copy=True)) for k, t in items)
+        return OrderedDict((k, np.array(asnumpy(t.data), copy=True))
+                           for k, t in self._state_items())
 
     def load_state_dict(self, state, strict=True):
         """Copy arrays into parameters and buffers in place.
@@ -127,7 +159,7 @@ class Module:
         With ``strict``, missing and unexpected keys raise KeyError listing
         them all; a shape mismatch always raises ValueError naming the entry
         and both shapes. Returns (missing, unexpected)."""
-        own = OrderedDict(list(self.named_parameters()) + list(self.named_buffers()))
+        own = OrderedDict(self._state_items())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):

@@ -1,0 +1,154 @@
+"""Training-step speed and memory of spmdnet against a plain-NumPy floor.
+
+    python benchmarks/mlp_step.py [--steps 30] [--threads 1 2]
+
+MLP 784-1024-1024-10, batch 256, float32, SGD with momentum, cross-entropy.
+For each BLAS thread count it starts a fresh process (BLAS reads its thread
+count at import) that times, interleaved in one run:
+  floor  the same forward and backward matrix products written by hand
+  numpy  a complete hand-written NumPy step (products + relu + softmax
+         cross-entropy + SGD momentum), no autograd
+  ours   a spmdnet step: model(x), F.cross_entropy, backward, opt.step()
+and prints median times, the ratio ours/floor (goal <= 1.35) and the peak
+memory a step allocates (tracemalloc), ours/floor (goal <= 1.5).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+
+SIZES = (784, 1024, 1024, 10)
+BATCH = 256
+
+
+def make_problem(np):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)
+    y = rng.integers(0, SIZES[-1], BATCH)
+    weights = [(rng.uniform(-1, 1, (o, i)) / np.sqrt(i)).astype(np.float32)
+               for i, o in zip(SIZES[:-1], SIZES[1:])]
+    return x, y, weights
+
+
+def floor_step(np, x, weights):
+    """Only the matrix products of forward and backward (no input gradient)."""
+    acts = [x]
+    for w in weights:
+        acts.append(acts[-1] @ w.T)
+    g = acts[-1]
+    for i in range(len(weights) - 1, -1, -1):
+        _gw = g.T @ acts[i]
+        if i:
+            g = g @ weights[i]
+
+
+def numpy_step(np, x, y, params, bufs, lr=0.01, mom=0.9):
+    """A complete hand-written step: what a careful NumPy programmer writes."""
+    ws, bs = params[0::2], params[1::2]
+    acts = [x]
+    for j, (w, b) in enumerate(zip(ws, bs)):
+        h = acts[-1] @ w.T
+        h += b
+        if j < len(ws) - 1:
+            np.maximum(h, 0, out=h)
+        acts.append(h)
+    logits = acts[-1]
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1
+    g = p / len(y)
+    grads = [None] * len(params)
+    for j in range(len(ws) - 1, -1, -1):
+        grads[2 * j] = g.T @ acts[j]
+        grads[2 * j + 1] = g.sum(axis=0)
+        if j:
+            g = (g @ ws[j]) * (acts[j] > 0)
+    for prm, grad, buf in zip(params, grads, bufs):
+        buf *= mom
+        buf += grad
+        prm -= lr * buf
+
+
+def build_ours(x, y):
+    import spmdnet as sn
+    import spmdnet.functional as F
+    from spmdnet import nn, optim
+    sn.manual_seed(0)
+    layers = []
+    for i, o in zip(SIZES[:-1], SIZES[1:]):
+        layers += [nn.Linear(i, o), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    xt = sn.Tensor(x)
+
+    def step():
+        loss = F.cross_entropy(model(xt), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+def median_times(fns, steps):
+    times = {name: [] for name in fns}
+    for _ in range(steps):
+        for name, fn in fns.items():  # interleaved: the machine's noise hits all alike
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def peak_bytes(fn):
+    fn()  # warm: persistent state (momentum buffers) is not a step's allocation
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    fn()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return peak
+
+
+def child(steps):
+    import numpy as np
+    x, y, weights = make_problem(np)
+    params = [a for w in weights for a in (w.copy(), np.zeros(w.shape[0], np.float32))]
+    bufs = [np.zeros_like(p) for p in params]
+    fns = {"floor": lambda: floor_step(np, x, weights),
+           "numpy": lambda: numpy_step(np, x, y, params, bufs),
+           "ours": build_ours(x, y)}
+    for fn in fns.values():
+        fn()
+    t = median_times(fns, steps)
+    mem = {name: peak_bytes(fn) for name, fn in fns.items()}
+    threads = os.environ["OMP_NUM_THREADS"]
+    print(f"{threads:>7} {t['floor'] * 1e3:9.2f} {t['numpy'] * 1e3:9.2f} "
+          f"{t['ours'] * 1e3:9.2f} {t['numpy'] / t['floor']:11.3f} "
+          f"{t['ours'] / t['floor']:10.3f} {mem['floor'] / 2**20:9.1f} "
+          f"{mem['ours'] / 2**20:8.1f} {mem['ours'] / mem['floor']:8.2f}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.steps)
+    print(f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, float32, SGD momentum; "
+          f"median of {args.steps} interleaved steps (ms); peak step allocation (MiB)")
+    print("threads floor_ms  numpy_ms   ours_ms numpy/floor ours/floor floor_MiB "
+          "ours_MiB mem_ratio")
+    for n in args.threads:
+        env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n),
+                   MKL_NUM_THREADS=str(n))
+        subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps)],
+                       env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()
