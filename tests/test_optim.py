@@ -9,6 +9,13 @@ from spmdnet.optim import SGD, Adam, AdamW, clip_grad_norm_
 from spmdnet.optim.lr_scheduler import LambdaLR, StepLR, WarmupCosine
 
 
+@pytest.fixture(autouse=True, params=["numba", "xp"])
+def kernels(request, monkeypatch):
+    """Every test runs on the fused Numba kernels and on the plain-xp path."""
+    monkeypatch.setenv("SPMDNET_KERNELS", request.param)
+    return request.param
+
+
 class P:
     """Minimal parameter: all that optimizers may rely on."""
 

@@ -36,4 +36,4 @@ prange = numba.prange if numba is not None else range
 def njit_parallel(fn):
     """``fn`` compiled for the CPU with ``parallel=True`` (prange loops run on
     Numba's threads; NUMBA_NUM_THREADS sets how many)."""
-    return numba.njit(parallel=True, fastmath=False, cache=False)(fn)
+    return numba.njit(parallel=False, fastmath=False, cache=False)(fn)

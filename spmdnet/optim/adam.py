@@ -2,6 +2,7 @@
 import math
 
 from ..backend import xp_of
+from ..kernels import optim_kernels
 from .optimizer import Optimizer, check_nonneg, scratch
 
 
@@ -65,6 +66,10 @@ class Adam(Optimizer):
                 state["step"] += 1
                 t = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
+                if optim_kernels.enabled(data, grad, m, v):  # one fused parallel pass
+                    optim_kernels.adam_update(data, grad, m, v, lr, b1, b2, eps, t, wd,
+                                              self._decoupled)
+                    continue
                 tmp = scratch(state, data)
 
                 g = grad

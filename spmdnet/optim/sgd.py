@@ -1,5 +1,6 @@
 """Stochastic gradient descent with PyTorch's momentum/Nesterov rule."""
 from ..backend import xp_of
+from ..kernels import optim_kernels
 from .optimizer import Optimizer, check_nonneg, scratch
 
 
@@ -49,6 +50,14 @@ class SGD(Optimizer):
                 data = p.data
                 xp = xp_of(data, grad)
                 state = self.state.setdefault(p, {})
+                if optim_kernels.enabled(data, grad):  # one fused parallel pass
+                    buf = state.get("momentum_buffer") if mom != 0.0 else None
+                    first = mom != 0.0 and buf is None
+                    if first:
+                        buf = state["momentum_buffer"] = xp.empty_like(data)
+                    optim_kernels.sgd_update(data, grad, buf, lr, mom, damp, wd, nesterov,
+                                             first)
+                    continue
                 tmp = scratch(state, data)
                 g = grad
                 if wd != 0.0:  # g = grad + wd * p, never touching p.grad
