@@ -115,3 +115,27 @@ def erf_gpu(x):
     """The error function on a CuPy array (cupyx.scipy.special.erf)."""
     import cupyx.scipy.special  # noqa: PLC0415 - part of CuPy, imported only here
     return cupyx.scipy.special.erf(x)
+
+
+def gpu_count():
+    """How many CUDA devices CuPy sees (0 without CuPy)."""
+    return require_cupy().cuda.runtime.getDeviceCount() if cupy_available() else 0
+
+
+def use_gpu(index):
+    """Make CUDA device ``index`` current for this process."""
+    require_cupy().cuda.Device(index).use()
+
+
+_pinned = {}
+
+
+def pinned_like(a):
+    """A page-locked host NumPy array with a's shape and dtype, reused across
+    calls of the same size (host staging of GPU buffers for MPI)."""
+    key = (a.shape, str(a.dtype))
+    if key not in _pinned:
+        cp = require_cupy()
+        mem = cp.cuda.alloc_pinned_memory(max(a.nbytes, 1))
+        _pinned[key] = np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
+    return _pinned[key]

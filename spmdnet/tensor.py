@@ -90,13 +90,17 @@ def _as_array(x, dtype=None):
 class Tensor:
     """An array with an optional gradient and the graph that produced it."""
 
-    __slots__ = ("data", "grad", "_requires_grad", "_ctx", "_hooks",
+    __slots__ = ("data", "grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
                  "_post_hooks", "_retain", "__weakref__")
     __array_priority__ = 1000  # ndarray OP Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False):
         self.data = _as_array(data)
         self.grad = None
+        # Preallocated storage for this leaf's gradient (data parallelism's
+        # flat bucket views): when .grad is None, backward writes the
+        # gradient here, directly into it where the op supports ``out=``.
+        self.grad_buffer = None
         self._ctx = None
         self._hooks = None
         self._post_hooks = None
@@ -139,8 +143,8 @@ class Tensor:
 
     # -- conversions -------------------------------------------------------------
     def numpy(self):
-        """A host NumPy array (a copy when the data lives on a GPU)."""
-        return asnumpy(self.data)
+        """A host NumPy copy of the data (never shares memory with the tensor)."""
+        return np.array(asnumpy(self.data), copy=True)
 
     def item(self):
         """The single element as a Python scalar."""
@@ -226,6 +230,11 @@ class Function:
     """
 
     needs_input_grad = ()
+    grad_dest = ()  # per input: an array backward may write its gradient into
+
+    def dest(self, i):
+        """Where backward may write input i's gradient (``out=``), or None."""
+        return self.grad_dest[i] if self.grad_dest else None
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
@@ -351,7 +360,11 @@ def _run_hooks(t, g):
 def _propagate(t, g, grads, shared, pending, ready, nodes):
     """Run t's backward and hand each parent its share of the gradient."""
     ctx = t._ctx
-    parent_grads = ctx.backward(g) if g is not None else (None,) * len(ctx.parents)
+    if g is None:
+        parent_grads = (None,) * len(ctx.parents)
+    else:
+        ctx.grad_dest = tuple(_destination(p, grads, pending) for p in ctx.parents)
+        parent_grads = ctx.backward(g)
     if not isinstance(parent_grads, tuple):
         parent_grads = (parent_grads,)
     assert len(parent_grads) == len(ctx.parents), (
@@ -378,6 +391,15 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
             ready.append(parent)
 
 
+def _destination(parent, grads, pending):
+    """The leaf's grad_buffer when this edge delivers its only gradient."""
+    buf = parent.grad_buffer
+    if buf is None or parent._ctx is not None or parent.grad is not None or parent._hooks:
+        return None
+    key = id(parent)
+    return buf if pending.get(key) == 1 and key not in grads else None
+
+
 def _check_grad(ctx, parent, pg):
     if isinstance(pg, np.generic):
         pg = np.asarray(pg)
@@ -392,7 +414,13 @@ def _check_grad(ctx, parent, pg):
 def _accumulate(t, g, must_copy):
     """Add g into t.grad in place (keeping views into flat buffers valid)."""
     if t.grad is None:
-        t.grad = g.copy() if must_copy else g
+        buf = t.grad_buffer
+        if buf is not None:
+            if g is not buf:
+                buf[...] = g
+            t.grad = buf
+        else:
+            t.grad = g.copy() if must_copy else g
     else:
         t.grad += g
     for hook in t._post_hooks or ():

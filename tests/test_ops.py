@@ -4,10 +4,10 @@ import math
 
 import numpy as np
 import pytest
+from gradcheck import gradcheck
 
 import spmdnet as sn
 import spmdnet.functional as F
-from gradcheck import gradcheck
 
 rng = np.random.default_rng(1234)
 

@@ -9,12 +9,13 @@ import spmdnet.functional as F
 from spmdnet import nn, optim
 
 
-def two_spirals(n_per_class=200, noise=0.1, seed=0):
-    """Points (2n, 2) on two interleaved spirals, labels 0/1 (int64)."""
+def two_spirals(n_per_class=200, turns=2.0, noise=0.03, seed=0):
+    """Points (2n, 2) on two interleaved spirals of ``turns`` turns in the
+    unit disc, Gaussian noise of std ``noise``; labels 0/1 (int64)."""
     rng = np.random.default_rng(seed)
-    t = np.sqrt(rng.uniform(0.0, 1.0, n_per_class)) * 3.0 * np.pi  # 1.5 turns
-    arm = np.stack([t * np.cos(t), t * np.sin(t)], axis=1) / (3.0 * np.pi)
-    x = np.concatenate([arm, -arm]) + noise * rng.standard_normal((2 * n_per_class, 2)) / 3
+    angle = np.sqrt(rng.uniform(0.0, 1.0, n_per_class)) * turns * 2.0 * np.pi
+    arm = np.stack([angle * np.cos(angle), angle * np.sin(angle)], axis=1) / angle.max()
+    x = np.concatenate([arm, -arm]) + noise * rng.standard_normal((2 * n_per_class, 2))
     y = np.concatenate([np.zeros(n_per_class), np.ones(n_per_class)]).astype(np.int64)
     return x.astype(np.float32), y
 
@@ -29,7 +30,7 @@ def test_two_spirals_reach_95_percent():
     # the task is not linearly separable: least squares on the raw inputs is poor
     design = np.hstack([x, np.ones((len(x), 1))])
     coef = np.linalg.lstsq(design, 2.0 * y - 1.0, rcond=None)[0]
-    assert ((design @ coef > 0) == y).mean() < 0.75
+    assert ((design @ coef > 0) == y).mean() < 0.7
 
     sn.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
@@ -44,7 +45,7 @@ def test_two_spirals_reach_95_percent():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-        if len(losses) % 100 == 0 and accuracy(model, x, y) >= 0.99:
+        if len(losses) % 50 == 0 and accuracy(model, x, y) >= 0.99:
             break
     elapsed = time.perf_counter() - start
     acc = accuracy(model, x, y)

@@ -4,6 +4,7 @@ Tensor. Grep here to find any op.
 """
 import operator
 
+from ..backend import xp_of
 from ..tensor import Tensor, _as_array
 from .arith import Add, Div, Mul, Neg, Pow, Sub
 from .linalg import Linear, MatMul
@@ -38,6 +39,7 @@ def as_tensor_like(x, like):
 def _binary(cls, a, b):
     a = as_tensor_like(a, b) if isinstance(b, Tensor) else as_tensor_like(a, a)
     b = as_tensor_like(b, a)
+    xp_of(a.data, b.data)  # NumPy with CuPy raises TypeError naming both
     try:
         return cls.apply(a, b)
     except ValueError as exc:
@@ -77,6 +79,9 @@ def matmul(a, b):
     a, b = as_tensor_like(a, a), as_tensor_like(b, a)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul: scalar operands are not allowed (shapes {a.shape}, {b.shape})")
+    xp_of(a.data, b.data)
+    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned")
     lift_a, lift_b = a.ndim == 1, b.ndim == 1
     a2 = reshape(a, (1, a.shape[0])) if lift_a else a
     b2 = reshape(b, (b.shape[0], 1)) if lift_b else b

@@ -1,10 +1,18 @@
 """Matrix products: matmul (2-D and batched) and the fused linear layer."""
+from ..backend import xp_of
 from ..tensor import Function
 from ._util import unbroadcast
 
 
 def _swap(a):
     return a.swapaxes(-1, -2)
+
+
+def _matmul(a, b, out, shape):
+    """a @ b, written into ``out`` when the product has exactly its shape."""
+    if out is not None and a.shape[:-1] + b.shape[-1:] == shape and a.ndim == len(shape):
+        return xp_of(a).matmul(a, b, out=out)
+    return a @ b
 
 
 class MatMul(Function):
@@ -20,8 +28,11 @@ class MatMul(Function):
 
     def backward(self, g):
         need_a, need_b = self.needs_input_grad
-        ga = unbroadcast(g @ _swap(self.b), self.a.shape) if need_a else None
-        gb = unbroadcast(_swap(self.a) @ g, self.b.shape) if need_b else None
+        ga = gb = None
+        if need_a:
+            ga = unbroadcast(_matmul(g, _swap(self.b), self.dest(0), self.a.shape), self.a.shape)
+        if need_b:
+            gb = unbroadcast(_matmul(_swap(self.a), g, self.dest(1), self.b.shape), self.b.shape)
         return ga, gb
 
 
@@ -43,7 +54,8 @@ class Linear(Function):
         need = self.needs_input_grad
         gx = g @ self.weight if need[0] else None
         g2 = g.reshape(-1, g.shape[-1])
-        gw = g2.T @ self.x.reshape(-1, self.x.shape[-1]) if need[1] else None
+        x2 = self.x.reshape(-1, self.x.shape[-1])
+        gw = _matmul(g2.T, x2, self.dest(1), self.weight.shape) if need[1] else None
         if len(need) == 2:
             return gx, gw
         return gx, gw, (g2.sum(axis=0) if need[2] else None)
