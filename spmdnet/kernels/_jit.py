@@ -33,7 +33,12 @@ def vectorize(signatures, fn):
 prange = numba.prange if numba is not None else range
 
 
-def njit_parallel(fn):
-    """``fn`` compiled for the CPU with ``parallel=True`` (prange loops run on
-    Numba's threads; NUMBA_NUM_THREADS sets how many)."""
+def njit_serial(fn):
+    """``fn`` compiled for the CPU, single-threaded.
+
+    Measured on benchmarks/mlp_step.py at 2 BLAS threads: parallel=True made
+    the step 1.2x (workqueue layer) to 4x (omp layer) slower, because Numba's
+    threads fight OpenBLAS's spinning workers for the cores, while these
+    memory-bound loops gain little from a second thread. ``prange`` in the
+    bodies marks loops that are safe to parallelise later."""
     return numba.njit(parallel=False, fastmath=False, cache=False)(fn)

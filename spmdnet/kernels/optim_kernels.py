@@ -1,8 +1,7 @@
 """Fused optimizer updates: one parallel pass over a parameter instead of
 four to ten NumPy passes with temporaries.
 
-Each body is plain Python over flat arrays, jitted explicitly (serial
-bodies stay callable as the reference); elementwise loops give the same bits
+Each body is plain Python over flat arrays, jitted explicitly; elementwise loops give the same bits
 at any thread count, so replicas stay bitwise identical. Scalars are
 converted to the parameter's dtype by the wrappers, so float32 parameters
 are updated in float32 arithmetic, like the NumPy path in ``spmdnet.optim``.
@@ -42,7 +41,7 @@ _compiled = {}
 
 def _kernel(name, body):
     if name not in _compiled:
-        _compiled[name] = _jit.njit_parallel(body)
+        _compiled[name] = _jit.njit_serial(body)
     return _compiled[name]
 
 

@@ -66,7 +66,7 @@ class Adam(Optimizer):
                 state["step"] += 1
                 t = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                if optim_kernels.enabled(data, grad, m, v):  # one fused parallel pass
+                if optim_kernels.enabled(data, grad, m, v):  # one fused pass
                     optim_kernels.adam_update(data, grad, m, v, lr, b1, b2, eps, t, wd,
                                               self._decoupled)
                     continue

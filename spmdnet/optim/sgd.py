@@ -50,7 +50,7 @@ class SGD(Optimizer):
                 data = p.data
                 xp = xp_of(data, grad)
                 state = self.state.setdefault(p, {})
-                if optim_kernels.enabled(data, grad):  # one fused parallel pass
+                if optim_kernels.enabled(data, grad):  # one fused pass
                     buf = state.get("momentum_buffer") if mom != 0.0 else None
                     first = mom != 0.0 and buf is None
                     if first:
