@@ -1,0 +1,5 @@
+"""Parallelism over MPI: data parallelism (later: tensor, pipeline, ZeRO)."""
+from .data_parallel import DataParallel
+from .explicit import allreduce_gradients
+
+__all__ = ["DataParallel", "allreduce_gradients"]

@@ -1,0 +1,79 @@
+"""Gradient buckets: persistent flat buffers whose slices are the gradients.
+
+Parameters are packed in reverse registration order (the order backward
+makes their gradients final), one dtype per bucket; the first bucket is
+small (``first_bytes``) so communication starts early, the others hold up to
+``cap_bytes``. Every parameter's ``grad_buffer`` is a view into its bucket,
+so backward writes gradients straight into the buffer that MPI reduces: a
+step neither allocates nor copies for communication (DDP's
+``gradient_as_bucket_view``).
+"""
+from ..backend import xp_of
+
+
+class Bucket:
+    """A flat buffer and the parameters whose gradients are views into it."""
+
+    def __init__(self, index, params):
+        self.index = index
+        self.params = params
+        first = params[0].data
+        self.dtype = first.dtype
+        self.numel = sum(p.data.size for p in params)
+        self.buffer = xp_of(first).zeros(self.numel, dtype=self.dtype)
+        self.views = []
+        offset = 0
+        for p in params:
+            view = self.buffer[offset:offset + p.data.size].reshape(p.data.shape)
+            self.views.append(view)
+            offset += p.data.size
+        self.ready = 0        # parameters whose gradient is final this backward
+        self.launched = False
+
+    @property
+    def nbytes(self):
+        return self.buffer.nbytes
+
+    def pack_data(self):
+        """Copy the parameters' values into the buffer (for broadcasting)."""
+        for p, view in zip(self.params, self.views):
+            view[...] = p.data
+
+    def unpack_data(self):
+        """Copy the buffer back into the parameters' values, in place."""
+        for p, view in zip(self.params, self.views):
+            p.data[...] = view
+
+    def reset(self):
+        self.ready = 0
+        self.launched = False
+
+
+def assign_buckets(params, first_bytes, cap_bytes):
+    """Split ``params`` (already in reverse registration order) into lists,
+    each of one dtype and at most the cap (a larger parameter stands alone)."""
+    groups, current, size = [], [], 0
+    for p in params:
+        cap = first_bytes if not groups else cap_bytes
+        same_dtype = not current or current[0].data.dtype == p.data.dtype
+        if current and (not same_dtype or size + p.data.nbytes > cap):
+            groups.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.data.nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def build_buckets(params, first_bytes, cap_bytes):
+    """Buckets for ``params``; each parameter's grad becomes a bucket view."""
+    buckets = [Bucket(i, group)
+               for i, group in enumerate(assign_buckets(params, first_bytes, cap_bytes))]
+    for bucket in buckets:
+        for p, view in zip(bucket.params, bucket.views):
+            if p.grad is not None:
+                view[...] = p.grad
+                p.grad = view
+            p.grad_buffer = view
+    return buckets

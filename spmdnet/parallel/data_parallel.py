@@ -1,0 +1,194 @@
+"""DataParallel: every rank holds the whole model, gradients are averaged.
+
+At construction the ranks check that they built the same model and take
+rank 0's parameters. During backward, each bucket of gradients starts its
+allreduce as soon as all its gradients are final; when ``loss.backward()``
+returns, every ``.grad`` holds the mean over the communicator, identical on
+all ranks. See ``buckets`` (memory layout) and ``reducer`` (overlap).
+"""
+import contextlib
+import time
+
+from .. import dist
+from ..backend import is_cupy_array
+from ..errors import DistributedError
+from ..nn.module import Module
+from ..tensor import Function, queue_callback
+from .buckets import build_buckets
+from .reducer import REDUCERS, choose_overlap
+
+MB = 1024 * 1024
+FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
+
+
+class _BackwardSentinel(Function):
+    """Identity on the model's output whose backward makes sure the
+    reduction is scheduled even when no parameter receives a gradient."""
+
+    def forward(self, x, owner=None):
+        self.owner = owner
+        return x
+
+    def backward(self, g):
+        self.owner._schedule_finish()
+        return g
+
+
+def check_same_parameters(comm, named):
+    """Raise DistributedError on every rank unless all ranks hold parameters
+    with the same names, shapes and dtypes (in the same order)."""
+    mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
+    everyone = comm.allgather(mine)
+    for r, theirs in enumerate(everyone):
+        if theirs == everyone[0]:
+            continue
+        for i in range(max(len(theirs), len(everyone[0]))):
+            a = everyone[0][i] if i < len(everyone[0]) else None
+            b = theirs[i] if i < len(theirs) else None
+            if a != b:
+                raise DistributedError(
+                    f"DataParallel: ranks built different models; parameter #{i}: "
+                    f"rank 0 has {_describe(a)}, rank {r} has {_describe(b)}")
+
+
+def _describe(entry):
+    if entry is None:
+        return "no parameter"
+    name, shape, dtype = entry
+    return f"{name!r} shape {shape} dtype {dtype}"
+
+
+class DataParallel(Module):
+    """Data parallelism over ``comm`` (default: the world), DDP's semantics.
+
+    ``ddp(x)`` calls ``model(x)``; ``ddp.module`` is the model. ``bucket_mb``
+    caps a gradient bucket; ``overlap`` is "auto" (non-blocking Allreduce on
+    host buffers, a communication thread for GPU buffers), "nonblocking",
+    "thread" or "none". ``last_exposed_comm_s`` is the time the last
+    backward waited for communication after its computation had finished.
+    """
+
+    def __init__(self, model, comm=None, bucket_mb=25.0, overlap="auto"):
+        super().__init__()
+        if bucket_mb <= 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        self.module = model
+        world = dist.init() if comm is None else dist.world()
+        base = comm if comm is not None else world.comm
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        check_same_parameters(base, named)
+        # A private communicator: our reductions never interleave with the
+        # user's collectives on the same communicator.
+        self.comm = base.Dup()
+        self.size = self.comm.Get_size()
+        params = [p for _, p in reversed(named)]
+        first = min(FIRST_BUCKET_MB, bucket_mb) * MB
+        self.buckets = build_buckets(params, first, bucket_mb * MB) if params else []
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._broadcast_state()
+        on_gpu = any(is_cupy_array(b.buffer) for b in self.buckets)
+        self.overlap = choose_overlap(overlap, on_gpu, world.thread_multiple)
+        if on_gpu and self.overlap == "nonblocking":
+            raise ValueError("overlap='nonblocking' is not safe on GPU buffers (Open MPI "
+                             "has no non-blocking reductions on device memory)")
+        self.reducer = REDUCERS[self.overlap](self.comm)
+        self._sync = True
+        self._finish_scheduled = False
+        self._next = 0
+        self.last_exposed_comm_s = 0.0
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                       for p in params]
+
+    # -- construction --------------------------------------------------------------
+    def _broadcast_state(self):
+        """Every rank takes rank 0's parameters and buffers (one Bcast per bucket)."""
+        for bucket in self.buckets:
+            bucket.pack_data()
+            dist.broadcast(bucket.buffer, root=0, comm=self.comm)
+            bucket.unpack_data()
+            bucket.buffer[...] = 0
+            for p, view in zip(bucket.params, bucket.views):
+                if p.grad is view:
+                    p.grad = None  # gradients from before wrapping are not kept
+        for _, buf in self.module.named_buffers():
+            dist.broadcast(buf.data, root=0, comm=self.comm)
+
+    # -- forward -------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        if self._sync and getattr(out, "requires_grad", False):
+            out = _BackwardSentinel.apply(out, owner=self)
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally, with no communication, inside the block;
+        the first backward after it reduces the accumulated sum."""
+        prev, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = prev
+
+    # -- during backward -----------------------------------------------------------
+    def _schedule_finish(self):
+        if self._sync and not self._finish_scheduled:
+            self._finish_scheduled = True
+            queue_callback(self._finish)
+
+    def _on_grad_ready(self, p):
+        if not self._sync:
+            return
+        self._schedule_finish()
+        bucket = self._bucket_of[id(p)]
+        if p.grad is not p.grad_buffer:  # the user replaced .grad: bring it home
+            p.grad_buffer[...] = p.grad
+            p.grad = p.grad_buffer
+        bucket.ready += 1
+        self._launch_ready()
+        self.reducer.poke()
+
+    def _launch_ready(self):
+        """Start full buckets, strictly in index order (the same on all ranks)."""
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            if bucket.ready < len(bucket.params):
+                return
+            self._start(bucket)
+
+    def _start(self, bucket):
+        bucket.launched = True
+        self.reducer.start(bucket)
+        self._next += 1
+
+    def _finish(self):
+        """After backward: parameters without a gradient contribute zeros,
+        remaining buckets start in order, all complete in order, then / size."""
+        t0 = time.perf_counter()
+        for bucket in self.buckets[self._next:]:
+            for p, view in zip(bucket.params, bucket.views):
+                if p.grad is None:
+                    view[...] = 0
+                    p.grad = view
+            self._start(bucket)
+        for bucket in self.buckets:
+            self.reducer.wait(bucket)
+            if bucket.dtype.kind in "fc":
+                bucket.buffer *= 1.0 / self.size
+            bucket.reset()
+        self._next = 0
+        self._finish_scheduled = False
+        self.last_exposed_comm_s = time.perf_counter() - t0
+
+    def close(self):
+        """Remove the hooks, stop the communication thread, free the communicator."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self.reducer.close()
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.grad_buffer = None
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
