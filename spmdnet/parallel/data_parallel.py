@@ -173,7 +173,7 @@ class DataParallel(Module):
             self._start(bucket)
         for bucket in self.buckets:
             self.reducer.wait(bucket)
-            if bucket.dtype.kind in "fc":
+            if bucket.dtype.kind in "fc" and self.size > 1:
                 bucket.buffer *= 1.0 / self.size
             bucket.reset()
         self._next = 0
