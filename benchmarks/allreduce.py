@@ -59,8 +59,9 @@ def main():
         a = np.ones(nbytes // 4, np.float32)
         b = np.ones(nbytes // 4, np.float32)
         reps = max(5, args.reps if nbytes < 2**24 else args.reps // 4)
-        ours, raw = time_pair([lambda: dist.allreduce(a),
-                               lambda: comm.Allreduce(MPI.IN_PLACE, b, MPI.SUM)], reps, comm)
+        ours, raw = time_pair([lambda a=a: dist.allreduce(a),
+                               lambda b=b: comm.Allreduce(MPI.IN_PLACE, b, MPI.SUM)],
+                              reps, comm)
         rows.append((nbytes, ours, raw))
         dist.print0(f"{nbytes:>10} {ours * 1e6:>10.1f} {raw * 1e6:>10.1f} "
                     f"{nbytes * factor / ours / 1e9:>10.2f} {nbytes * factor / raw / 1e9:>10.2f} "
