@@ -3,7 +3,7 @@
 Importing spmdnet needs neither a GPU nor an MPI launch: ``dist`` imports
 mpi4py only when first used.
 """
-from . import dist, functional, nn, optim, parallel
+from . import data, dist, functional, nn, optim, parallel
 from .errors import CheckpointError, DistributedError
 from .ops import REGISTRY as _OPS  # noqa: F401 - binds the Tensor operators
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
@@ -26,4 +26,4 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "is_grad_enabled", "queue_callback", "set_default_dtype", "get_default_dtype",
            "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
            "DistributedError", "CheckpointError", "functional", "nn", "optim", "dist",
-           "parallel"]
+           "parallel", "data"]

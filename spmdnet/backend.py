@@ -139,3 +139,17 @@ def pinned_like(a):
         mem = cp.cuda.alloc_pinned_memory(max(a.nbytes, 1))
         _pinned[key] = np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
     return _pinned[key]
+
+
+def upload(host):
+    """Copy a host array to the current GPU through pinned memory on a side
+    stream (so it overlaps the compute stream); returns when it has arrived."""
+    cp = require_cupy()
+    mem = cp.cuda.alloc_pinned_memory(max(host.nbytes, 1))
+    pinned = np.frombuffer(mem, host.dtype, host.size).reshape(host.shape)
+    pinned[...] = host
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        out = cp.asarray(pinned)
+    stream.synchronize()
+    return out

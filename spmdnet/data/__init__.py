@@ -1,0 +1,10 @@
+"""Data: HDF5 datasets, the distributed sampler, the prefetching loader,
+exact evaluation, and dataset writers."""
+from . import datasets
+from .evaluate import evaluate, shard_indices
+from .hdf5 import HDF5Dataset
+from .loader import DataLoader
+from .sampler import DistributedSampler
+
+__all__ = ["HDF5Dataset", "DistributedSampler", "DataLoader", "evaluate", "shard_indices",
+           "datasets"]

@@ -1,0 +1,109 @@
+"""DistributedSampler: which sample indices each rank reads, PyTorch's rules.
+
+Pure index arithmetic, identical on every rank (no communication needed):
+1. ``perm = numpy.random.Generator(PCG64(seed + epoch)).permutation(n)``
+   (or ``arange(n)`` without shuffling) — the same on every rank;
+2. without ``drop_last``, pad by repeating indices from the start until the
+   length divides by ``num_replicas``; with it, cut the tail;
+3. rank r takes ``indices[r::num_replicas]`` (strided, not contiguous).
+To reproduce an order outside spmdnet, apply those three steps with the same
+generator. Call ``set_epoch(epoch)`` every epoch, or every epoch repeats the
+same order. ``start_index`` skips the first indices of this rank's share,
+to resume mid-epoch.
+"""
+import math
+
+import numpy as np
+
+
+def _length(ds_or_len):
+    if isinstance(ds_or_len, (int, np.integer)):
+        return int(ds_or_len)
+    return len(ds_or_len)
+
+
+def _world(num_replicas, rank, comm):
+    if num_replicas is not None and rank is not None:
+        return num_replicas, rank
+    if comm is None:
+        from .. import dist  # noqa: PLC0415 - only when the world is needed
+        comm = dist.comm_or_default()
+    return (comm.Get_size() if num_replicas is None else num_replicas,
+            comm.Get_rank() if rank is None else rank)
+
+
+class DistributedSampler:
+    """Indices of this rank's share of a dataset (or of ``range(n)``)."""
+
+    def __init__(self, ds_or_len, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False, comm=None):
+        num_replicas, rank = _world(num_replicas, rank, comm)
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is out of range: valid ranks are "
+                             f"[0, {num_replicas - 1}] for num_replicas={num_replicas}")
+        self.dataset_len = _length(ds_or_len)
+        self.num_replicas, self.rank = num_replicas, rank
+        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
+        self.epoch, self.start_index = 0, 0
+        if drop_last and self.dataset_len < num_replicas:
+            raise ValueError(f"{_describe(ds_or_len)} has {self.dataset_len} samples, fewer "
+                             f"than the {num_replicas} ranks: with drop_last every rank "
+                             "would get nothing")
+        if drop_last:
+            self.num_samples = self.dataset_len // num_replicas
+        else:
+            self.num_samples = math.ceil(self.dataset_len / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def set_epoch(self, epoch):
+        """Use the permutation of ``epoch`` (seeded ``seed + epoch``)."""
+        self.epoch = int(epoch)
+
+    def set_start_index(self, start):
+        """Skip this rank's first ``start`` indices (resume mid-epoch)."""
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"start index {start} outside [0, {self.num_samples}]")
+        self.start_index = int(start)
+
+    def global_indices(self):
+        """The padded or cut order of all ranks' indices, before striding."""
+        n = self.dataset_len
+        if self.shuffle:
+            rng = np.random.Generator(np.random.PCG64(self.seed + self.epoch))
+            indices = rng.permutation(n)
+        else:
+            indices = np.arange(n)
+        if self.drop_last:
+            return indices[:self.total_size]
+        pad = self.total_size - n
+        if pad and n:
+            indices = np.concatenate([indices, np.resize(indices, pad)])
+        return indices
+
+    def indices(self):
+        """This rank's indices for the current epoch (an int64 array)."""
+        mine = self.global_indices()[self.rank:self.total_size:self.num_replicas]
+        return mine[self.start_index:].astype(np.int64)
+
+    def __iter__(self):
+        return iter(self.indices().tolist())
+
+    def __len__(self):
+        return self.num_samples - self.start_index
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "start_index": self.start_index, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        self.set_epoch(state["epoch"])
+        self.seed = int(state["seed"])
+        self.set_start_index(state["start_index"])
+
+
+def _describe(ds):
+    path = getattr(ds, "path", None)
+    if path is None:
+        return "the dataset"
+    return f"dataset {path} (key {getattr(ds, 'x_key', '?')!r})"
