@@ -9,6 +9,12 @@ warmup then cosine decay), prints exact validation accuracy every epoch,
 writes the epoch metrics as JSON lines, and exits non-zero when the final
 test accuracy is below --min-accuracy. Also runs as plain `python` (1 rank)
 and under Slurm's `srun`.
+
+With --checkpoint-dir it checkpoints every --checkpoint-every steps and at
+the end, resumes automatically from the newest checkpoint there (exactly:
+sampler position, RNG and optimizer state included), and on SIGTERM or
+SIGUSR1 saves a checkpoint at the next step boundary and exits with code 3
+("stopped, resumable"): the pattern Slurm requeueing needs.
 """
 import argparse
 import json
@@ -42,6 +48,11 @@ def parse_args(argv=None):
     p.add_argument("--metrics", default="metrics.jsonl", help="JSON lines, one per epoch")
     p.add_argument("--plot", help="write loss/accuracy curves to this PNG (needs matplotlib)")
     p.add_argument("--min-accuracy", type=float, default=0.95)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--checkpoint-dir", help="checkpoint here and resume from here")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: only at the end)")
+    p.add_argument("--stop-after", type=int, default=0,
+                   help="checkpoint and stop after this many steps (tests resumption)")
     return p.parse_args(argv)
 
 
@@ -65,9 +76,9 @@ def datasets(args):
     return data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
 
 
-def build_model(in_features, hidden, classes):
-    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(),
-                         nn.Linear(hidden, hidden), nn.ReLU(),
+def build_model(in_features, hidden, classes, dropout=0.0):
+    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(dropout),
+                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
                          nn.Linear(hidden, classes))
 
 
@@ -101,21 +112,74 @@ class Progress:
             print("\r" + " " * 78 + "\r", end="", flush=True)
 
 
-def train_epoch(ddp, opt, sched, loader, epoch, world):
-    """One epoch; returns (mean local loss, seconds, samples/s over all ranks)."""
+class Run:
+    """Training state that a checkpoint saves and a resume restores."""
+
+    def __init__(self, args, ddp, opt, sched, loader, world):
+        self.args, self.ddp, self.opt, self.sched = args, ddp, opt, sched
+        self.loader, self.world = loader, world
+        self.step, self.epoch, self.resumed = 0, 0, False
+        self.stop = dist.StopSignal() if args.checkpoint_dir else None
+
+    def save(self, epoch, batches_done):
+        """Checkpoint with the sampler at the next unread batch."""
+        sampler = self.loader.sampler
+        saved = sampler.state_dict()
+        if batches_done >= len(self.loader) + saved["start_index"] // self.loader.batch_size:
+            epoch, batches_done = epoch + 1, 0  # the epoch is complete
+        sampler.set_epoch(epoch)
+        sampler.start_index = batches_done * self.loader.batch_size
+        sn.save_checkpoint(self.args.checkpoint_dir + "/", self.ddp, self.opt,
+                           sampler=sampler, step=self.step,
+                           scheduler=self.sched.state_dict(), epoch=epoch)
+        sampler.load_state_dict(saved)
+
+    def resume(self):
+        """Continue from the newest checkpoint in --checkpoint-dir, if any."""
+        if not self.args.checkpoint_dir:
+            return
+        found = sn.latest_checkpoint(self.args.checkpoint_dir)
+        if dist.check_same(self.world.comm, found, "newest checkpoint") is None:
+            return
+        extra = sn.load_checkpoint(found, self.ddp, self.opt, sampler=self.loader.sampler)
+        self.sched.load_state_dict(extra["scheduler"])
+        self.step, self.epoch, self.resumed = extra["step"], extra["epoch"], True
+        dist.print0(f"resumed from {found} at step {self.step}, epoch {self.epoch}, "
+                    f"{self.loader.sampler.start_index} samples into it")
+
+    def after_step(self, epoch, batches_done):
+        """Checkpoint when due; True when the job must stop now."""
+        self.step += 1
+        every = self.args.checkpoint_every
+        stop = self.step == self.args.stop_after or (
+            self.stop is not None and self.stop.should_stop())
+        if self.args.checkpoint_dir and (stop or (every and self.step % every == 0)):
+            self.save(epoch, batches_done)
+        return stop
+
+
+def train_epoch(run, epoch):
+    """One epoch (or its rest, after a resume); returns (mean local loss,
+    seconds, samples/s over all ranks), or None when the run must stop."""
+    loader, world = run.loader, run.world
     loader.sampler.set_epoch(epoch)
-    progress = Progress(epoch, len(loader))
+    first = loader.sampler.start_index // loader.batch_size  # > 0 after a mid-epoch resume
+    progress = Progress(epoch, len(loader) + first)
     t0, losses, samples = time.perf_counter(), [], 0
-    for step, (x, y) in enumerate(loader, 1):
-        loss = F.cross_entropy(ddp(sn.Tensor(x)), y)
-        opt.zero_grad()
+    for batch, (x, y) in enumerate(loader, first + 1):
+        loss = F.cross_entropy(run.ddp(sn.Tensor(x)), y)
+        run.opt.zero_grad()
         loss.backward()
-        opt.step()
-        sched.step()
+        run.opt.step()
+        run.sched.step()
         losses.append(loss.item())
         samples += len(y) * world.size
-        progress.update(step, samples, losses[-1])
+        progress.update(batch, samples, losses[-1])
+        if run.after_step(epoch, batch):
+            progress.close()
+            return None
     progress.close()
+    loader.sampler.set_start_index(0)
     seconds = time.perf_counter() - t0
     return float(np.mean(losses)) if losses else float("nan"), seconds, samples / seconds
 
@@ -145,17 +209,25 @@ def main(argv=None):
     sn.manual_seed(args.seed)
     train_set, test_set = datasets(args)
     classes = int(train_set.targets().max()) + 1
-    model = build_model(int(np.prod(train_set.sample_shape)), args.hidden, classes)
+    model = build_model(int(np.prod(train_set.sample_shape)), args.hidden, classes,
+                        args.dropout)
     ddp = parallel.DataParallel(model)
     sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True)
     loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
     opt, sched = build_optimizer(args, model.parameters(), args.batch_size * world.size,
                                  len(loader))
+    run = Run(args, ddp, opt, sched, loader, world)
     dist.print0(f"{world.size} ranks, {len(train_set)} training samples, global batch "
                 f"{args.batch_size * world.size}, {len(loader)} steps/epoch")
+    run.resume()
     history, train_s = [], 0.0
-    for epoch in range(args.epochs):
-        train_loss, seconds, rate = train_epoch(ddp, opt, sched, loader, epoch, world)
+    for epoch in range(run.epoch, args.epochs):
+        result = train_epoch(run, epoch)
+        if result is None:
+            dist.print0(f"stopped after step {run.step} with a checkpoint in "
+                        f"{args.checkpoint_dir}; run again to resume")
+            return 3
+        train_loss, seconds, rate = result
         train_s += seconds
         val = data.evaluate(model, test_set)
         history.append({"epoch": epoch, "train_loss": dist.allreduce(train_loss, "mean"),
@@ -164,19 +236,29 @@ def main(argv=None):
         dist.print0(f"epoch {epoch:3d}  loss {history[-1]['train_loss']:.4f}  val loss "
                     f"{val['loss']:.4f}  val accuracy {val['accuracy']:.4f} "
                     f"({val['count']} samples)  {rate:.0f} samples/s")
+    if args.checkpoint_dir:
+        run.save(args.epochs, 0)
+    final = finish(args, history, model, test_set, loader, train_s, run.resumed)
+    if final["accuracy"] < args.min_accuracy:
+        dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")
+        return 1
+    dist.print0("accuracy check passed")
+    return 0
+
+
+def finish(args, history, model, test_set, loader, train_s, append):
+    """Metrics file (appended to after a resume), plot, and the summary line;
+    returns the final evaluation."""
     if dist.is_root():
-        Path(args.metrics).write_text("".join(json.dumps(h) + "\n" for h in history))
+        with open(args.metrics, "a" if append else "w") as f:
+            f.write("".join(json.dumps(h) + "\n" for h in history))
         if args.plot:
             plot(args.plot, history)
     wait = dist.allreduce(loader.wait_s / max(train_s, 1e-9), "max")
     final = data.evaluate(model, test_set)
     dist.print0(f"test accuracy {final['accuracy']:.4f} on {final['count']} samples; "
                 f"waiting for data {100 * wait:.1f}% of training time (worst rank)")
-    if final["accuracy"] < args.min_accuracy:
-        dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")
-        return 1
-    dist.print0("accuracy check passed")
-    return 0
+    return final
 
 
 if __name__ == "__main__":

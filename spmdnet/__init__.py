@@ -4,6 +4,7 @@ Importing spmdnet needs neither a GPU nor an MPI launch: ``dist`` imports
 mpi4py only when first used.
 """
 from . import data, dist, functional, nn, optim, parallel
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .errors import CheckpointError, DistributedError
 from .ops import REGISTRY as _OPS  # noqa: F401 - binds the Tensor operators
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
@@ -25,5 +26,6 @@ __version__ = "0.1.0"
 __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",
            "is_grad_enabled", "queue_callback", "set_default_dtype", "get_default_dtype",
            "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
-           "DistributedError", "CheckpointError", "functional", "nn", "optim", "dist",
+           "DistributedError", "CheckpointError", "save_checkpoint", "load_checkpoint",
+           "latest_checkpoint", "functional", "nn", "optim", "dist",
            "parallel", "data"]
