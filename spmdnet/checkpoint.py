@@ -208,7 +208,11 @@ def _read_optimizer(f):
     if "optimizer" in f:
         for index, group in f["optimizer"].items():
             state[int(index)] = {k: _scalar_or_array(v[()]) for k, v in group.items()}
-    return {"state": state, "param_groups": json.loads(f.attrs["optimizer_groups"])}
+    groups = json.loads(f.attrs["optimizer_groups"])
+    for group in groups:  # JSON made tuples (betas) into lists
+        group.update({k: tuple(v) for k, v in group.items() if k != "params" and
+                      isinstance(v, list)})
+    return {"state": state, "param_groups": groups}
 
 
 def _scalar_or_array(value):

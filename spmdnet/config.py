@@ -11,6 +11,12 @@ KNOBS = {
                               "the whole MPI job)",
     "SPMDNET_CUDA_AWARE": "1 | 0 | auto (default auto: probe the MPI library)",
     "SPMDNET_LOG_LEVEL": "DEBUG | INFO | WARNING (default WARNING)",
+    "SPMDNET_DEBUG_COLLECTIVES": "1 | 0 (default 0): ranks compare every collective "
+                                 "(op, shape, dtype, sequence) before calling it",
+    "SPMDNET_WATCHDOG_S": "seconds a collective may wait before every waiting rank "
+                          "reports it (default: off)",
+    "SPMDNET_WATCHDOG_ABORT_S": "seconds after which a stalled job is aborted (default "
+                                "2 x SPMDNET_WATCHDOG_S)",
 }
 
 

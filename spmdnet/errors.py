@@ -7,3 +7,7 @@ class DistributedError(RuntimeError):
 
 class CheckpointError(RuntimeError):
     """A checkpoint is incomplete, corrupt, or does not fit the model or world."""
+
+
+class NonFiniteError(FloatingPointError):
+    """A gradient or loss holds NaN or Inf; raised on every rank."""

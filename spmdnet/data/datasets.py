@@ -73,21 +73,28 @@ def make_digits(out_dir, test_fraction=0.2, seed=0, comm=None):
 def read_idx(path):
     """An array from an IDX file (MNIST / Fashion-MNIST format), gzipped or not."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (EOFError, gzip.BadGzipFile) as exc:
+        raise ValueError(f"{path}: cannot decompress ({exc}; truncated?)") from exc
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ValueError(f"{path} is not an IDX file (bad magic number {raw[:4]!r})")
     dtype = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
              0x0E: ">f8"}.get(raw[2])
     if dtype is None:
         raise ValueError(f"{path}: unknown IDX element type 0x{raw[2]:02x}")
-    ndim = raw[3]
+    ndim, header = raw[3], 4 + 4 * raw[3]
+    if len(raw) < header:
+        raise ValueError(f"{path}: the IDX header of a {ndim}-d array needs {header} bytes "
+                         f"but the file holds {len(raw)} (truncated?)")
     shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    data = np.frombuffer(raw, dtype=dtype, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: header says shape {shape} but the file holds "
-                         f"{data.size} elements (truncated?)")
-    return data.reshape(shape)
+    expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if len(raw) - header != expected:
+        raise ValueError(f"{path}: header says shape {shape} ({expected} bytes of data) but "
+                         f"the file holds {len(raw) - header} bytes after the header "
+                         "(truncated?)")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
 
 
 def make_mnist(images, labels, out_path, comm=None):
@@ -101,25 +108,39 @@ def make_mnist(images, labels, out_path, comm=None):
 
 
 def synthetic(n, features=784, classes=10, seed=0):
-    """A learnable problem: Gaussian clusters around random class centres."""
+    """A learnable problem: Gaussian clusters around class centres. The
+    centres depend only on (features, classes) and ``seed`` picks the samples,
+    so a train and a test set written with different seeds hold the same
+    problem."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((classes, features)).astype(np.float32)
-    y = rng.integers(0, classes, n)
-    x = centres[y] + rng.standard_normal((n, features), dtype=np.float32) * 2.0
+    return _draw(rng, _centres(features, classes), n)
+
+
+def _centres(features, classes):
+    rng = np.random.default_rng([features, classes])
+    return rng.standard_normal((classes, features)).astype(np.float32)
+
+
+def _draw(rng, centres, n):
+    y = rng.integers(0, len(centres), n)
+    x = centres[y] + rng.standard_normal((n, centres.shape[1]), dtype=np.float32) * 2.0
     return x, y.astype(np.int64)
 
 
 def make_synthetic(out_path, n, features=784, classes=10, seed=0, comm=None):
-    """A synthetic HDF5 file of any size, written in chunks of 16,384 rows."""
+    """A synthetic HDF5 file of any size, generated and written 16,384 rows at a
+    time (for n <= 16,384 exactly ``synthetic(n, ...)``); ``x`` is
+    stored contiguous, the fastest layout for shuffled reads."""
     from .. import dist  # noqa: PLC0415
     comm = dist.comm_or_default(comm)
     rows = 16384
 
     def fill(f):
-        xs = f.create_dataset("x", (n, features), np.float32, chunks=(min(n, 256), features))
+        xs = f.create_dataset("x", (n, features), np.float32)
         ys = f.create_dataset("y", (n,), np.int64)
+        rng, centres = np.random.default_rng(seed), _centres(features, classes)
         for start in range(0, n, rows):
-            x, y = synthetic(min(rows, n - start), features, classes, seed + start)
+            x, y = _draw(rng, centres, min(rows, n - start))
             xs[start:start + len(x)], ys[start:start + len(y)] = x, y
 
     if comm.Get_rank() == 0:

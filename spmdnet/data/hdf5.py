@@ -6,12 +6,22 @@ happens at construction, so a bad path, key or length fails before training
 with the path in the message. ``ds[indices]`` sorts and de-duplicates the
 indices, reads them with one fancy-indexed h5py read, and restores the
 requested order: never sample by sample.
+
+Files are opened with a small HDF5 sieve buffer (``SIEVE_BYTES``): HDF5's
+default of 64 KiB makes every row of a sparse (shuffled) selection from a
+contiguous dataset load 64 KiB, which made a batch read barely faster than
+reading sample by sample (benchmarks/loader.py). For random access, store
+``x`` contiguous (the writers in ``datasets`` do) or in chunks of few rows: a
+read touches whole chunks, so chunks of hundreds of rows read hundreds of
+rows per sample.
 """
 import os
 
 import numpy as np
 
 from .. import backend
+
+SIEVE_BYTES = 4096  # HDF5's data sieve buffer per open file (default 64 KiB); see above
 
 
 def _rank():
@@ -27,30 +37,46 @@ def _h5py():
 class HDF5Dataset:
     """Samples ``x[i]`` (and labels ``y[i]``) of datasets in an HDF5 file.
 
-    ``locking`` is passed to h5py (False helps on shared filesystems without
-    lock support); ``cache`` is True, False or "auto" (load the whole file
+    ``locking`` is h5py's file-locking option (None: HDF5's default; True,
+    False, or "best-effort"; False helps on shared filesystems without lock
+    support); ``cache`` is True, False or "auto" (load the whole file
     into memory when it is at most ``cache_bytes``).
     """
 
     def __init__(self, path, x="x", y="y", locking=None, cache="auto",
                  cache_bytes=256 * 2**20):
         self.path, self.x_key, self.y_key = str(path), x, y
+        if locking not in (None, True, False, "best-effort"):
+            raise ValueError(f"locking must be None, True, False or 'best-effort', got "
+                             f"{locking!r}")
+        if cache not in (True, False, "auto"):
+            raise ValueError(f"cache must be True, False or 'auto', got {cache!r}")
         self.locking = locking
         self._file, self._pid, self._cache = None, None, None
         f = self._open()
-        self._validate(f)
-        nbytes = f[x].size * f[x].dtype.itemsize + (f[y].size * f[y].dtype.itemsize if y else 0)
-        if cache is True or (cache == "auto" and nbytes <= cache_bytes):
-            self._cache = (f[x][...], f[y][...] if y else None)
-        self.close()  # reopened per process at first read
+        try:
+            self._validate(f)
+            nbytes = f[x].size * f[x].dtype.itemsize + (f[y].size * f[y].dtype.itemsize
+                                                         if y else 0)
+            if cache is True or (cache == "auto" and nbytes <= cache_bytes):
+                self._cache = (f[x][...], f[y][...] if y else None)
+        finally:
+            f.close()  # reopened per process at first read
 
     # -- file handling -------------------------------------------------------------
     def _open(self):
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"HDF5 dataset {self.path} does not exist (rank {_rank()})")
-        kwargs = {} if self.locking is None else {"locking": self.locking}
+        h5py = _h5py()
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        fapl.set_fclose_degree(h5py.h5f.CLOSE_WEAK)  # as h5py.File does
+        fapl.set_sieve_buf_size(SIEVE_BYTES)
+        if self.locking is not None:
+            fapl.set_file_locking(bool(self.locking),
+                                  ignore_when_disabled=self.locking == "best-effort")
         try:
-            return _h5py().File(self.path, "r", **kwargs)
+            return h5py.File(h5py.h5f.open(os.fsencode(self.path), h5py.h5f.ACC_RDONLY,
+                                           fapl=fapl))
         except OSError as exc:
             raise OSError(f"cannot open HDF5 dataset {self.path} on rank {_rank()}: the file "
                           f"is truncated or corrupt ({exc})") from exc
@@ -61,6 +87,9 @@ class HDF5Dataset:
             if key is not None and key not in f:
                 raise KeyError(f"HDF5 dataset {self.path} has no key {key!r}; keys present: "
                                f"{keys}")
+            if key is not None and (not isinstance(f[key], _h5py().Dataset) or f[key].ndim < 1):
+                raise ValueError(f"HDF5 dataset {self.path}: {key!r} is not an array of "
+                                 f"samples ({f[key]})")
         if self.y_key is not None and len(f[self.x_key]) != len(f[self.y_key]):
             raise ValueError(f"HDF5 dataset {self.path}: {self.x_key!r} has "
                              f"{len(f[self.x_key])} samples but {self.y_key!r} has "
@@ -120,8 +149,12 @@ class HDF5Dataset:
     def _read(self, index):
         unique, inverse = np.unique(index, return_inverse=True)  # sorted, de-duplicated
         f = self._handle()
-        x = _read_rows(f[self.x_key], unique)[inverse]
-        y = None if self.y_key is None else _read_rows(f[self.y_key], unique)[inverse]
+        try:
+            x = _read_rows(f[self.x_key], unique)[inverse]
+            y = None if self.y_key is None else _read_rows(f[self.y_key], unique)[inverse]
+        except OSError as exc:
+            raise OSError(f"cannot read {len(unique)} rows of HDF5 dataset {self.path} on "
+                          f"rank {_rank()}: the file is truncated or corrupt ({exc})") from exc
         return x, y
 
 

@@ -8,8 +8,9 @@ Pure index arithmetic, identical on every rank (no communication needed):
 3. rank r takes ``indices[r::num_replicas]`` (strided, not contiguous).
 To reproduce an order outside spmdnet, apply those three steps with the same
 generator. Call ``set_epoch(epoch)`` every epoch, or every epoch repeats the
-same order. ``start_index`` skips the first indices of this rank's share,
-to resume mid-epoch.
+same order. ``set_start_index(k)`` skips the first k indices of this rank's
+share of the current epoch, to resume mid-epoch; the next ``set_epoch``
+starts again from 0.
 """
 import math
 
@@ -58,11 +59,16 @@ class DistributedSampler:
         self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch):
-        """Use the permutation of ``epoch`` (seeded ``seed + epoch``)."""
+        """Use the permutation of ``epoch`` (seeded ``seed + epoch``). A new
+        epoch starts from its first index: a start index set for a resumed
+        epoch is kept only while the epoch stays the same."""
+        if int(epoch) != self.epoch:
+            self.start_index = 0
         self.epoch = int(epoch)
 
     def set_start_index(self, start):
-        """Skip this rank's first ``start`` indices (resume mid-epoch)."""
+        """Skip this rank's first ``start`` indices of the current epoch (resume
+        mid-epoch; the same on every rank, whose shares are equally long)."""
         if not 0 <= start <= self.num_samples:
             raise ValueError(f"start index {start} outside [0, {self.num_samples}]")
         self.start_index = int(start)

@@ -10,8 +10,9 @@ import contextlib
 import time
 
 from .. import dist
-from ..backend import is_cupy_array
-from ..errors import DistributedError
+from ..backend import is_cupy_array, xp_of
+from ..dist.guard import guarded
+from ..errors import DistributedError, NonFiniteError
 from ..nn.module import Module
 from ..tensor import Function, queue_callback
 from .buckets import build_buckets
@@ -58,6 +59,15 @@ def _describe(entry):
     return f"{name!r} shape {shape} dtype {dtype}"
 
 
+def nonfinite_params(bucket, names):
+    """Names of the bucket's parameters whose local gradient has NaN or Inf."""
+    xp = xp_of(bucket.buffer)
+    if bool(xp.isfinite(bucket.buffer).all()):
+        return []
+    return [names[id(p)] for p, v in zip(bucket.params, bucket.views)
+            if not bool(xp.isfinite(v).all())]
+
+
 class DataParallel(Module):
     """Data parallelism over ``comm`` (default: the world), DDP's semantics.
 
@@ -66,12 +76,21 @@ class DataParallel(Module):
     host buffers, a communication thread for GPU buffers), "nonblocking",
     "thread" or "none". ``last_exposed_comm_s`` is the time the last
     backward waited for communication after its computation had finished.
+
+    ``nonfinite``: "ignore" (default, no check), "raise" (NonFiniteError on
+    every rank naming the rank, parameter and step) or "skip" (every rank
+    sets all gradients to None, so the optimizer skips the step). Local
+    gradients are checked before their allreduce and the decision is
+    reduced, so all ranks act alike.
     """
 
-    def __init__(self, model, comm=None, bucket_mb=25.0, overlap="auto"):
+    def __init__(self, model, comm=None, bucket_mb=25.0, overlap="auto", nonfinite="ignore"):
         super().__init__()
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        if nonfinite not in ("ignore", "raise", "skip"):
+            raise ValueError(f"nonfinite must be 'ignore', 'raise' or 'skip', got {nonfinite!r}")
+        self.nonfinite, self.steps, self.skipped_steps = nonfinite, 0, 0
         self.module = model
         world = dist.init() if comm is None else dist.world()
         base = comm if comm is not None else world.comm
@@ -82,6 +101,8 @@ class DataParallel(Module):
         self.comm = base.Dup()
         self.size = self.comm.Get_size()
         params = [p for _, p in reversed(named)]
+        self._names = {id(p): n for n, p in named}
+        self._bad = []
         first = min(FIRST_BUCKET_MB, bucket_mb) * MB
         self.buckets = build_buckets(params, first, bucket_mb * MB) if params else []
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
@@ -157,6 +178,8 @@ class DataParallel(Module):
             self._start(bucket)
 
     def _start(self, bucket):
+        if self.nonfinite != "ignore":
+            self._bad += nonfinite_params(bucket, self._names)
         bucket.launched = True
         self.reducer.start(bucket)
         self._next += 1
@@ -172,13 +195,34 @@ class DataParallel(Module):
                     p.grad = view
             self._start(bucket)
         for bucket in self.buckets:
-            self.reducer.wait(bucket)
+            with guarded(f"allreduce(gradient bucket {bucket.index})", self.comm, bucket.buffer):
+                self.reducer.wait(bucket)
             if bucket.dtype.kind in "fc" and self.size > 1:
                 bucket.buffer *= 1.0 / self.size
             bucket.reset()
         self._next = 0
         self._finish_scheduled = False
+        self.steps += 1
         self.last_exposed_comm_s = time.perf_counter() - t0
+        if self.nonfinite != "ignore":
+            self._handle_nonfinite()
+
+    def _handle_nonfinite(self):
+        """Agree on whether any rank saw a non-finite gradient, then act alike."""
+        bad, self._bad = self._bad, []
+        if not dist.allreduce(int(bool(bad)), op="max", comm=self.comm):
+            return
+        table = [f"rank {r} parameter {name!r}" for r, names in
+                 enumerate(self.comm.allgather(bad)) for name in names]
+        where = f"non-finite gradient at step {self.steps - 1}: " + ", ".join(table)
+        if self.nonfinite == "raise":
+            raise NonFiniteError(where)
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.grad = None
+        self.skipped_steps += 1
+        if self.comm.Get_rank() == 0:
+            dist.get_logger().warning("%s; step skipped on every rank", where)
 
     def close(self):
         """Remove the hooks, stop the communication thread, free the communicator."""

@@ -121,7 +121,7 @@ def tp_rng_region(mesh_or_comm):
     from a stream of its own per TP rank, so the ranks' slices of a split
     activation get independent masks; outside, every rank draws the same.
     Accepts a Mesh or the TP communicator."""
-    return fork_rng((TP_RNG_KEY, 0))
+    return fork_rng((TP_RNG_KEY, _tp_rank(mesh_or_comm)))
 
 
 class ParallelDropout(Module):
