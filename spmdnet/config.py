@@ -7,6 +7,10 @@ import os
 KNOBS = {
     "SPMDNET_DEVICE": "cpu | gpu | auto (default auto: gpu when CuPy sees one)",
     "SPMDNET_KERNELS": "numba | xp (default numba when Numba imports)",
+    "SPMDNET_KERNEL_CACHE": "1 | 0 (default 0): keep compiled kernels on disk between runs "
+                            "(rank 0 compiles first; see kernels.warmup)",
+    "SPMDNET_KERNEL_CACHE_DIR": "directory for that cache (default node-local: "
+                                "$SLURM_TMPDIR, else $TMPDIR or /tmp, /spmdnet-numba-$USER)",
     "SPMDNET_ABORT_ON_ERROR": "1 | 0 (default 1: an uncaught exception aborts "
                               "the whole MPI job)",
     "SPMDNET_CUDA_AWARE": "1 | 0 | auto (default auto: probe the MPI library)",

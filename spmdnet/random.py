@@ -72,7 +72,8 @@ def fork_rng(key):
     The stream is seeded from ``(initial_seed(), key)`` on first use and
     continues where it stopped on the next entry; ``manual_seed`` resets
     it. The main stream neither advances nor changes inside the block.
-    Nesting forks is allowed (the inner one wins until it exits)."""
+    Nesting forks is allowed (the inner one wins until it exits); a reseed
+    inside the block (``manual_seed``, ``set_rng_state``) outlives it."""
     key = _fork_key(key)
     forks = _state["forks"]
     if key not in forks:
@@ -84,8 +85,9 @@ def fork_rng(key):
     try:
         yield fork["rng"]
     finally:
-        fork["device_rng"] = _state["device_rng"]  # created lazily inside, keep it
-        _state["rng"], _state["device_rng"] = saved
+        if _state["forks"] is forks:  # else manual_seed/set_rng_state ran inside: it wins
+            fork["device_rng"] = _state["device_rng"]  # created lazily inside, keep it
+            _state["rng"], _state["device_rng"] = saved
 
 
 def get_rng_state():

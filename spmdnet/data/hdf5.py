@@ -78,8 +78,8 @@ class HDF5Dataset:
             return h5py.File(h5py.h5f.open(os.fsencode(self.path), h5py.h5f.ACC_RDONLY,
                                            fapl=fapl))
         except OSError as exc:
-            raise OSError(f"cannot open HDF5 dataset {self.path} on rank {_rank()}: the file "
-                          f"is truncated or corrupt ({exc})") from exc
+            raise OSError(f"cannot open HDF5 dataset {self.path} on rank {_rank()}: {exc}") \
+                from exc
 
     def _validate(self, f):
         keys = sorted(f.keys())
@@ -154,7 +154,7 @@ class HDF5Dataset:
             y = None if self.y_key is None else _read_rows(f[self.y_key], unique)[inverse]
         except OSError as exc:
             raise OSError(f"cannot read {len(unique)} rows of HDF5 dataset {self.path} on "
-                          f"rank {_rank()}: the file is truncated or corrupt ({exc})") from exc
+                          f"rank {_rank()} (truncated or corrupt file?): {exc}") from exc
         return x, y
 
 

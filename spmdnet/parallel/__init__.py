@@ -1,5 +1,5 @@
-"""Parallelism over MPI: data parallelism and tensor parallelism (later:
-pipeline, ZeRO)."""
+"""Parallelism over MPI: data, tensor and pipeline parallelism, and the
+ZeRO sharded optimizer."""
 from .data_parallel import DataParallel
 from .explicit import allreduce_gradients
 from .tensor_parallel import (
@@ -11,9 +11,12 @@ from .tensor_parallel import (
                               scatter_state_dict,
                               tp_rng_region,
 )
+from . import pipeline
+from .pipeline import Pipeline
+from .zero import ZeroRedundancyOptimizer
 from .tp_collectives import copy_to_group, gather_from_group, reduce_from_group, scatter_to_group
 
 __all__ = ["DataParallel", "allreduce_gradients", "ColumnParallelLinear", "RowParallelLinear",
            "ParallelDropout", "ShardedParameter", "gather_state_dict", "scatter_state_dict",
            "tp_rng_region", "copy_to_group", "reduce_from_group", "gather_from_group",
-           "scatter_to_group"]
+           "scatter_to_group", "Pipeline", "ZeroRedundancyOptimizer", "pipeline"]

@@ -10,9 +10,10 @@ needs no communication in between and one allreduce each way::
 Each layer draws the full weight exactly as ``nn.Linear`` with the same seed
 would (same generator calls, same order) and keeps its slice, so every rank
 draws the same numbers and a TP model equals the serial one it was seeded
-like. Sharded parameters are ``ShardedParameter``s carrying
-``tp_split_axis``, which tells ``gather_state_dict`` how to reassemble them
-(and future tools, e.g. a TP-aware gradient norm, which ones are sharded).
+like (the price: the full weight's memory once, during construction).
+Sharded parameters are ``ShardedParameter``s carrying ``tp_split_axis``,
+which tells ``gather_state_dict`` how to reassemble them (and future tools,
+e.g. a TP-aware gradient norm, which ones are sharded).
 """
 import numpy as np
 
@@ -48,16 +49,24 @@ def _shard(full, axis, comm, layer, what):
     return ShardedParameter(np.ascontiguousarray(full[tuple(index)]), axis)
 
 
-class _ParallelLinear(Module):
-    """Shared init: the full nn.Linear draw (weight, then bias), then slicing."""
+def _full_linear_init(in_features, out_features, bias, dtype):
+    """(weight, bias or None) exactly as ``nn.Linear`` draws them: the same
+    generator calls in the same order, so every rank draws the same numbers."""
+    bound = init.linear_bound(in_features)
+    weight = init.uniform((out_features, in_features), bound, dtype)
+    return weight, init.uniform((out_features,), bound, dtype) if bias else None
 
-    def __init__(self, in_features, out_features, comm, bias, dtype):
+
+class _ParallelLinear(Module):
+    """What column and row layers share: sizes, the TP communicator, repr."""
+
+    def __init__(self, in_features, out_features, comm):
         super().__init__()
+        if not hasattr(comm, "Get_size"):
+            raise TypeError(f"{type(self).__name__}: comm must be an mpi4py communicator "
+                            f"(e.g. mesh.tp), got {type(comm).__name__}")
         self.in_features, self.out_features = in_features, out_features
         self.comm, self.tp_size = comm, comm.Get_size()
-        bound = init.linear_bound(in_features)
-        self._full_weight = init.uniform((out_features, in_features), bound, dtype)
-        self._full_bias = init.uniform((out_features,), bound, dtype) if bias else None
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -75,13 +84,12 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def __init__(self, in_features, out_features, comm, bias=True, gather_output=False,
                  dtype=None):
-        super().__init__(in_features, out_features, comm, bias, dtype)
+        super().__init__(in_features, out_features, comm)
         self.gather_output = gather_output
+        weight, full_bias = _full_linear_init(in_features, out_features, bias, dtype)
         name = "ColumnParallelLinear"
-        self.weight = _shard(self._full_weight, 0, comm, name, "out_features")
-        self.bias = None if not bias else _shard(self._full_bias, 0, comm, name,
-                                                 "out_features")
-        del self._full_weight, self._full_bias
+        self.weight = _shard(weight, 0, comm, name, "out_features")
+        self.bias = None if not bias else _shard(full_bias, 0, comm, name, "out_features")
 
     def forward(self, x):
         y = F.linear(copy_to_group(x, self.comm), self.weight, self.bias)
@@ -98,11 +106,11 @@ class RowParallelLinear(_ParallelLinear):
 
     def __init__(self, in_features, out_features, comm, bias=True, input_is_parallel=True,
                  dtype=None):
-        super().__init__(in_features, out_features, comm, bias, dtype)
+        super().__init__(in_features, out_features, comm)
         self.input_is_parallel = input_is_parallel
-        self.weight = _shard(self._full_weight, 1, comm, "RowParallelLinear", "in_features")
-        self.bias = None if not bias else Parameter(self._full_bias)
-        del self._full_weight, self._full_bias
+        weight, full_bias = _full_linear_init(in_features, out_features, bias, dtype)
+        self.weight = _shard(weight, 1, comm, "RowParallelLinear", "in_features")
+        self.bias = None if not bias else Parameter(full_bias)  # replicated, added once
 
     def forward(self, x):
         if not self.input_is_parallel:
@@ -129,7 +137,12 @@ class ParallelDropout(Module):
 
     def __init__(self, p, comm):
         super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"ParallelDropout: p must be in [0, 1], got {p}")
         self.p, self.comm = p, comm
+
+    def extra_repr(self):
+        return f"p={self.p}"
 
     def forward(self, x):
         with tp_rng_region(self.comm):

@@ -214,6 +214,11 @@ def test_width_not_divisible_raises_on_every_rank(layer, what):
     assert MPI.COMM_WORLD.allreduce(1) == size
 
 
+def test_passing_the_mesh_instead_of_its_group_raises(mesh):
+    with pytest.raises(TypeError, match=r"e\.g\. mesh\.tp"):
+        parallel.ColumnParallelLinear(IN, HID, mesh)
+
+
 # -- dropout streams ----------------------------------------------------------------
 def masks(comm, inside):
     ones = sn.tensor(np.ones((4, 64)))
