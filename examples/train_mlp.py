@@ -49,6 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--plot", help="write loss/accuracy curves to this PNG (needs matplotlib)")
     p.add_argument("--min-accuracy", type=float, default=0.95)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--micro-batches", type=int, default=4, help="per step, with --pp > 1")
     p.add_argument("--checkpoint-dir", help="checkpoint here and resume from here")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: only at the end)")
     p.add_argument("--stop-after", type=int, default=0,
@@ -76,10 +79,64 @@ def datasets(args):
     return data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
 
 
-def build_model(in_features, hidden, classes, dropout=0.0):
-    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(dropout),
-                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
-                         nn.Linear(hidden, classes))
+def build_blocks(in_features, hidden, classes, dropout, mesh):
+    """The MLP as blocks (lists of modules). With tp > 1 the first two layers
+    are a column-then-row tensor-parallel pair (one block: they must share a
+    pipeline stage); the same seed gives the serial model's weights."""
+    if mesh.tp_size == 1:
+        return [[nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(dropout)],
+                [nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout)],
+                [nn.Linear(hidden, classes)]]
+    tp = mesh.tp
+    return [[parallel.ColumnParallelLinear(in_features, hidden, tp), nn.ReLU(),
+             parallel.ParallelDropout(dropout, tp),  # inside the TP region: own masks
+             parallel.RowParallelLinear(hidden, hidden, tp), nn.ReLU(),
+             nn.Dropout(dropout)],  # outside it: the same mask on every TP rank
+            [nn.Linear(hidden, classes)]]
+
+
+class Net:
+    """This rank's part of the model: its pipeline stage, data parallel over
+    ``mesh.dp``, run through a GPipe pipeline over ``mesh.pp`` when pp > 1."""
+
+    def __init__(self, args, mesh, in_features, classes):
+        blocks = build_blocks(in_features, args.hidden, classes, args.dropout, mesh)
+        if mesh.pp_size > len(blocks):
+            raise SystemExit(f"--pp {mesh.pp_size} exceeds the model's {len(blocks)} blocks "
+                             "(with --tp > 1 the first two layers form one block)")
+        bounds = np.linspace(0, len(blocks), mesh.pp_size + 1).round().astype(int)
+        mine = blocks[bounds[mesh.pp_rank]:bounds[mesh.pp_rank + 1]]
+        self.module = nn.Sequential(*[m for block in mine for m in block])
+        self.ddp = parallel.DataParallel(self.module, comm=mesh.dp)
+        self.pipe = parallel.Pipeline(self.ddp, mesh.pp, args.micro_batches) \
+            if mesh.pp_size > 1 else None
+
+    def train_step(self, x, y, opt):
+        """One optimisation step; returns the loss (the same on a pipeline's ranks)."""
+        opt.zero_grad()
+        if self.pipe is not None:
+            loss = self.pipe.train_step(x, y, F.cross_entropy)
+        else:
+            out = F.cross_entropy(self.ddp(sn.Tensor(x)), y)
+            out.backward()
+            loss = out.item()
+        opt.step()
+        return loss
+
+    def __call__(self, x):  # evaluation: logits of the whole model
+        if self.pipe is not None:
+            return sn.Tensor(self.pipe.infer(x))
+        return self.module(x)
+
+    @property
+    def training(self):
+        return self.module.training
+
+    def train(self, mode=True):
+        self.module.train(mode)
+
+    def eval(self):
+        self.module.train(False)
 
 
 def build_optimizer(args, params, global_batch, steps_per_epoch):
@@ -115,9 +172,9 @@ class Progress:
 class Run:
     """Training state that a checkpoint saves and a resume restores."""
 
-    def __init__(self, args, ddp, opt, sched, loader, world):
-        self.args, self.ddp, self.opt, self.sched = args, ddp, opt, sched
-        self.loader, self.world = loader, world
+    def __init__(self, args, net, opt, sched, loader, mesh):
+        self.args, self.net, self.opt, self.sched = args, net, opt, sched
+        self.loader, self.mesh = loader, mesh
         self.step, self.epoch, self.resumed = 0, 0, False
         self.stop = dist.StopSignal() if args.checkpoint_dir else None
 
@@ -129,8 +186,8 @@ class Run:
             epoch, batches_done = epoch + 1, 0  # the epoch is complete
         sampler.set_epoch(epoch)
         sampler.start_index = batches_done * self.loader.batch_size
-        sn.save_checkpoint(self.args.checkpoint_dir + "/", self.ddp, self.opt,
-                           sampler=sampler, step=self.step,
+        sn.save_checkpoint(self.args.checkpoint_dir + "/", self.net.module, self.opt,
+                           sampler=sampler, step=self.step, mesh=self.mesh,
                            scheduler=self.sched.state_dict(), epoch=epoch)
         sampler.load_state_dict(saved)
 
@@ -139,9 +196,10 @@ class Run:
         if not self.args.checkpoint_dir:
             return
         found = sn.latest_checkpoint(self.args.checkpoint_dir)
-        if dist.check_same(self.world.comm, found, "newest checkpoint") is None:
+        if dist.check_same(self.mesh.comm, found, "newest checkpoint") is None:
             return
-        extra = sn.load_checkpoint(found, self.ddp, self.opt, sampler=self.loader.sampler)
+        extra = sn.load_checkpoint(found, self.net.module, self.opt, mesh=self.mesh,
+                                   sampler=self.loader.sampler)
         self.sched.load_state_dict(extra["scheduler"])
         self.step, self.epoch, self.resumed = extra["step"], extra["epoch"], True
         dist.print0(f"resumed from {found} at step {self.step}, epoch {self.epoch}, "
@@ -161,19 +219,15 @@ class Run:
 def train_epoch(run, epoch):
     """One epoch (or its rest, after a resume); returns (mean local loss,
     seconds, samples/s over all ranks), or None when the run must stop."""
-    loader, world = run.loader, run.world
+    loader = run.loader
     loader.sampler.set_epoch(epoch)
     first = loader.sampler.start_index // loader.batch_size  # > 0 after a mid-epoch resume
     progress = Progress(epoch, len(loader) + first)
     t0, losses, samples = time.perf_counter(), [], 0
     for batch, (x, y) in enumerate(loader, first + 1):
-        loss = F.cross_entropy(run.ddp(sn.Tensor(x)), y)
-        run.opt.zero_grad()
-        loss.backward()
-        run.opt.step()
+        losses.append(run.net.train_step(x, y, run.opt))
         run.sched.step()
-        losses.append(loss.item())
-        samples += len(y) * world.size
+        samples += len(y) * run.mesh.dp_size
         progress.update(batch, samples, losses[-1])
         if run.after_step(epoch, batch):
             progress.close()
@@ -206,19 +260,20 @@ def plot(path, history):
 def main(argv=None):
     args = parse_args(argv)
     world = dist.init()
-    sn.manual_seed(args.seed)
+    mesh = dist.Mesh(tp=args.tp, pp=args.pp)
+    sn.manual_seed(args.seed)  # the same on every rank: TP layers slice one full draw
     train_set, test_set = datasets(args)
     classes = int(train_set.targets().max()) + 1
-    model = build_model(int(np.prod(train_set.sample_shape)), args.hidden, classes,
-                        args.dropout)
-    ddp = parallel.DataParallel(model)
-    sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True)
+    net = Net(args, mesh, int(np.prod(train_set.sample_shape)), classes)
+    # every rank of a TP group and of a pipeline reads the same samples
+    sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True, comm=mesh.dp)
     loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
-    opt, sched = build_optimizer(args, model.parameters(), args.batch_size * world.size,
-                                 len(loader))
-    run = Run(args, ddp, opt, sched, loader, world)
-    dist.print0(f"{world.size} ranks, {len(train_set)} training samples, global batch "
-                f"{args.batch_size * world.size}, {len(loader)} steps/epoch")
+    global_batch = args.batch_size * mesh.dp_size
+    opt, sched = build_optimizer(args, net.module.parameters(), global_batch, len(loader))
+    run = Run(args, net, opt, sched, loader, mesh)
+    dist.print0(f"{world.size} ranks (dp {mesh.dp_size} x tp {mesh.tp_size} x pp "
+                f"{mesh.pp_size}), {len(train_set)} training samples, global batch "
+                f"{global_batch}, {len(loader)} steps/epoch")
     run.resume()
     history, train_s = [], 0.0
     for epoch in range(run.epoch, args.epochs):
@@ -229,7 +284,7 @@ def main(argv=None):
             return 3
         train_loss, seconds, rate = result
         train_s += seconds
-        val = data.evaluate(model, test_set)
+        val = data.evaluate(net, test_set, comm=mesh.dp)
         history.append({"epoch": epoch, "train_loss": dist.allreduce(train_loss, "mean"),
                         "val_loss": val["loss"], "val_accuracy": val["accuracy"],
                         "samples_per_s": rate, "lr": sched.get_last_lr()[0]})
@@ -238,7 +293,7 @@ def main(argv=None):
                     f"({val['count']} samples)  {rate:.0f} samples/s")
     if args.checkpoint_dir:
         run.save(args.epochs, 0)
-    final = finish(args, history, model, test_set, loader, train_s, run.resumed)
+    final = finish(args, history, net, mesh, test_set, loader, train_s, run.resumed)
     if final["accuracy"] < args.min_accuracy:
         dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")
         return 1
@@ -246,7 +301,7 @@ def main(argv=None):
     return 0
 
 
-def finish(args, history, model, test_set, loader, train_s, append):
+def finish(args, history, net, mesh, test_set, loader, train_s, append):
     """Metrics file (appended to after a resume), plot, and the summary line;
     returns the final evaluation."""
     if dist.is_root():
@@ -255,7 +310,7 @@ def finish(args, history, model, test_set, loader, train_s, append):
         if args.plot:
             plot(args.plot, history)
     wait = dist.allreduce(loader.wait_s / max(train_s, 1e-9), "max")
-    final = data.evaluate(model, test_set)
+    final = data.evaluate(net, test_set, comm=mesh.dp)
     dist.print0(f"test accuracy {final['accuracy']:.4f} on {final['count']} samples; "
                 f"waiting for data {100 * wait:.1f}% of training time (worst rank)")
     return final

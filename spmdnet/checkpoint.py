@@ -10,6 +10,12 @@ learns whether the write succeeded, so an error is raised on all of them.
 ``path`` may be a directory: checkpoints are then ``ckpt-<step>.h5`` inside
 it, the file ``latest`` names the newest complete one, and only the newest
 ``keep`` are kept.
+
+With data parallelism only, every rank holds the same model and optimizer
+state and rank 0's is saved. With a ``mesh`` whose tensor- or pipeline-
+parallel size is above 1, ranks hold different parts: every rank's state is
+gathered to rank 0 and saved under ``rank<r>/``, and only the same layout
+can load it (use ``parallel.gather_state_dict`` to export a serial model).
 """
 import json
 import os
@@ -55,6 +61,9 @@ def save_checkpoint(path, model, optimizer=None, *, sampler=None, step=0, keep=3
     from . import __version__  # noqa: PLC0415
     comm = _comm(comm)
     rng_states = comm.gather(sn_random.get_rng_state(), root=0)
+    sharded = _is_sharded(mesh)
+    states = _local_states(model, optimizer)
+    states = comm.gather(states, root=0) if sharded else [states]
     target, directory = _target(path, step)
     error = None
     if comm.Get_rank() == 0:
@@ -67,7 +76,7 @@ def save_checkpoint(path, model, optimizer=None, *, sampler=None, step=0, keep=3
         except TypeError as exc:
             error = f"extra values must be JSON-serialisable: {exc}"
         if error is None:
-            error = _write(target, _unwrap(model), optimizer, meta)
+            error = _write(target, states, meta)
         if error is None and directory is not None:
             _point_latest(directory, target.name)
             _rotate(directory, keep)
@@ -88,16 +97,30 @@ def _target(path, step):
     return path, None
 
 
-def _write(target, model, optimizer, meta):
-    """Write temp, fsync, rename, fsync the directory; returns an error string."""
+def _is_sharded(mesh):
+    return mesh is not None and (mesh.tp.Get_size() > 1 or mesh.pp.Get_size() > 1)
+
+
+def _local_states(model, optimizer):
+    """(model state, optimizer state or None) of this rank (collective for
+    optimizers whose state_dict gathers, e.g. ZeroRedundancyOptimizer)."""
+    return (_unwrap(model).state_dict(),
+            optimizer.state_dict() if optimizer is not None else None)
+
+
+def _write(target, states, meta):
+    """Write temp, fsync, rename, fsync the directory; returns an error string.
+    ``states``: one (model, optimizer) pair, or one per rank (sharded)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         with _h5py().File(tmp, "w") as f:
-            for name, array in model.state_dict().items():
-                f.create_dataset(f"model/{name}", data=array)
-            if optimizer is not None:
-                _write_optimizer(f, optimizer.state_dict())
+            for r, (model_state, opt_state) in enumerate(states):
+                group = f if len(states) == 1 else f.create_group(f"rank{r}")
+                for name, array in model_state.items():
+                    group.create_dataset(f"model/{name}", data=array)
+                if opt_state is not None:
+                    _write_optimizer(group, opt_state)
             f.attrs["meta"] = json.dumps(meta)
             f.attrs["complete"] = True  # last: a file without it is incomplete
         _fsync(tmp)
@@ -163,7 +186,7 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, comm=None, mes
         found = latest_checkpoint(path)
         path = found if found is not None else Path(path) / LATEST
     try:
-        meta, model_state, opt_state = _read(path)
+        meta, model_state, opt_state = _read(path, comm.Get_rank() if _is_sharded(mesh) else None)
         _check_fits(path, meta, model_state, _unwrap(model), comm, mesh)
         error = None
     except CheckpointError as exc:
@@ -185,7 +208,9 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, comm=None, mes
     return dict(meta["extra"], step=meta["step"])
 
 
-def _read(path):
+def _read(path, rank=None):
+    """(meta, model state, optimizer state) from the file; ``rank`` selects
+    that rank's part of a sharded checkpoint."""
     if not Path(path).exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -193,9 +218,12 @@ def _read(path):
             if not f.attrs.get("complete", False) or "meta" not in f.attrs:
                 raise CheckpointError(f"checkpoint {path} is incomplete (no completion mark)")
             meta = json.loads(f.attrs["meta"])
-            model_state = {name: ds[()] for name, ds in f["model"].items()} \
-                if "model" in f else {}
-            opt_state = _read_optimizer(f) if "optimizer_groups" in f.attrs else None
+            group = f if rank is None else f.get(f"rank{rank}")
+            if group is None:
+                raise CheckpointError(f"checkpoint {path} holds no state for rank {rank}")
+            model_state = {name: ds[()] for name, ds in group["model"].items()} \
+                if "model" in group else {}
+            opt_state = _read_optimizer(group) if "optimizer_groups" in group.attrs else None
     except CheckpointError:
         raise
     except Exception as exc:  # h5py's message says what is wrong with the file

@@ -124,6 +124,24 @@ class Pipeline:
         with guarded("broadcast(pipeline loss)", self.comm):
             return self.comm.bcast(loss, root=self.size - 1)
 
+    def infer(self, x):
+        """Forward of the whole batch through all stages, without gradients;
+        returns the last stage's output array on every rank of the group."""
+        from ..tensor import no_grad  # noqa: PLC0415
+        x = x.data if isinstance(x, Tensor) else x
+        with no_grad():
+            if self.first:
+                out = self.stage(Tensor(x))
+            else:
+                anchor = Tensor(np.zeros(()))
+                out = self.stage(RecvActivation.apply(anchor, comm=self.comm,
+                                                      source=self.rank - 1, tag=0))
+            if not self.last:
+                SendActivation.apply(out, comm=self.comm, dest=self.rank + 1, tag=0)
+        result = asnumpy(out.data) if self.last else None
+        with guarded("broadcast(pipeline output)", self.comm):
+            return self.comm.bcast(result, root=self.size - 1)
+
     def _sync(self, reduce_now):
         """Data-parallel stages reduce once, on the last backward of the step."""
         import contextlib  # noqa: PLC0415

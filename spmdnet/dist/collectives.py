@@ -1,0 +1,150 @@
+"""Collectives on NumPy/CuPy arrays and Tensors, in place where possible.
+
+Every call synchronises the CUDA stream before a device buffer reaches MPI
+(mpi4py does not), and stages device buffers through pinned host memory when
+the MPI library is not CUDA-aware (see ``transport``). Tensors are reduced
+through their ``.data``; these collectives record no autograd graph (the
+differentiable ones live in ``spmdnet.parallel``).
+"""
+import numpy as np
+
+from .. import backend
+from ..errors import DistributedError
+from ..tensor import Tensor
+from .checks import check_same
+from .guard import guarded
+from .transport import cuda_aware
+from .world import comm_or_default
+
+_OPS = ("sum", "mean", "max", "min")
+
+
+def _mpi():
+    from mpi4py import MPI  # noqa: PLC0415 - dist.init has imported it already
+    return MPI
+
+
+def _mpi_op(op):
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+    MPI = _mpi()
+    return {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+
+
+def _array(x, name):
+    if isinstance(x, Tensor):
+        return x.data
+    if isinstance(x, np.ndarray) or backend.is_cupy_array(x):
+        return x
+    raise TypeError(f"{name} expects a NumPy/CuPy array or a Tensor, got {type(x).__name__}")
+
+
+def on_host(arr, fn):
+    """Run the MPI call ``fn(buffer)`` on arr, writing the result back into arr.
+
+    NumPy: directly when C-contiguous, else through a contiguous copy.
+    CuPy: after a stream sync, directly (CUDA-aware) or via a pinned buffer."""
+    if backend.is_cupy_array(arr):
+        backend.sync(arr)
+        if cuda_aware() and arr.flags.c_contiguous:
+            return fn(arr)
+        host = backend.pinned_like(arr)
+        arr.get(out=host)
+        fn(host)
+        arr.set(host)
+        return None
+    if arr.flags.c_contiguous and arr.flags.writeable:
+        return fn(arr)
+    tmp = np.ascontiguousarray(arr)
+    fn(tmp)
+    arr[...] = tmp
+    return None
+
+
+def to_host(arr):
+    """A buffer MPI may read: arr itself, or a contiguous/host copy of it."""
+    if backend.is_cupy_array(arr):
+        backend.sync(arr)
+        if cuda_aware() and arr.flags.c_contiguous:
+            return arr
+        return backend.asnumpy(arr)
+    return np.ascontiguousarray(arr)
+
+
+def allreduce(x, op="sum", comm=None):
+    """Reduce ``x`` over the communicator's ranks, in place; returns ``x``.
+
+    ``op``: "sum", "mean" (floating dtypes only), "max" or "min". A Python
+    or NumPy scalar (immutable) gives a new scalar of the same type."""
+    if isinstance(x, (int, float, np.generic)) and not isinstance(x, bool):
+        arr = np.array(x, dtype=np.float64 if op == "mean" else None)
+        return type(x)(allreduce(arr, op, comm)[()])
+    arr = _array(x, "allreduce")
+    mpi_op = _mpi_op(op)
+    comm = comm_or_default(comm)
+    if op == "mean" and arr.dtype.kind not in "fc":
+        raise TypeError(f"allreduce op='mean' needs a floating dtype, got {arr.dtype}; "
+                        "use op='sum' and divide")
+    if not arr.flags.writeable:
+        raise ValueError("allreduce works in place: the array is read-only")
+    with guarded(f"allreduce({op})", comm, arr):
+        on_host(arr, lambda buf: comm.Allreduce(_mpi().IN_PLACE, buf, mpi_op))
+    if op == "mean":
+        arr /= comm.Get_size()
+    return x
+
+
+def broadcast(x, root=0, comm=None):
+    """Rank ``root``'s array into ``x`` on every rank (in place); returns ``x``.
+    Any other picklable object is broadcast by value and returned."""
+    comm = comm_or_default(comm)
+    if not 0 <= root < comm.Get_size():
+        raise ValueError(f"broadcast root {root} is outside [0, {comm.Get_size()})")
+    if not isinstance(x, (Tensor, np.ndarray)) and not backend.is_cupy_array(x):
+        with guarded("broadcast(object)", comm):
+            return comm.bcast(x, root=root)
+    arr = _array(x, "broadcast")
+    with guarded(f"broadcast(root={root})", comm, arr):
+        on_host(arr, lambda buf: comm.Bcast(buf, root=root))
+    return x
+
+
+def allgather(x, comm=None):
+    """Every rank's ``x`` stacked into a new array of shape (size, *x.shape).
+
+    The input is untouched. Ranks must pass equal shapes and dtypes."""
+    arr = _array(x, "allgather")
+    comm = comm_or_default(comm)
+    check_same(comm, (tuple(arr.shape), str(arr.dtype)), "allgather (shape, dtype)")
+    xp = backend.xp_of(arr)
+    out = xp.empty((comm.Get_size(),) + arr.shape, arr.dtype)
+    send = to_host(arr)
+    with guarded("allgather", comm, arr):
+        on_host(out, lambda buf: comm.Allgather(send, buf))
+    return Tensor(out) if isinstance(x, Tensor) else out
+
+
+def reduce_scatter(x, op="sum", comm=None):
+    """Reduce ``x`` over ranks and return this rank's block of axis 0.
+
+    ``x.shape[0]`` must be divisible by the communicator size; rank r gets
+    rows [r*n/size, (r+1)*n/size) of the reduction. The input is untouched."""
+    arr = _array(x, "reduce_scatter")
+    mpi_op = _mpi_op(op)
+    comm = comm_or_default(comm)
+    size = comm.Get_size()
+    if arr.ndim == 0 or arr.shape[0] % size:
+        raise ValueError(f"reduce_scatter: axis 0 of shape {arr.shape} is not divisible "
+                         f"by the {size} ranks")
+    if op == "mean" and arr.dtype.kind not in "fc":
+        raise TypeError(f"reduce_scatter op='mean' needs a floating dtype, got {arr.dtype}")
+    out = backend.xp_of(arr).empty((arr.shape[0] // size,) + arr.shape[1:], arr.dtype)
+    send = to_host(arr)
+    with guarded(f"reduce_scatter({op})", comm, arr):
+        on_host(out, lambda buf: comm.Reduce_scatter_block(send, buf, mpi_op))
+    if op == "mean":
+        out /= size
+    return Tensor(out) if isinstance(x, Tensor) else out
+
+
+__all__ = ["allreduce", "broadcast", "allgather", "reduce_scatter", "DistributedError"]
