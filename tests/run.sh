@@ -25,4 +25,7 @@ for n in 2 3 4; do
   timeout 900 "$MPIEXEC" -n "$n" python -m mpi4py -m pytest -q -x -p no:cacheprovider \
     --with-mpi --timeout=120 tests/mpi
 done
+echo "== 3D parallelism (pp x tp x dp) on 8 ranks"
+timeout 600 "$MPIEXEC" -n 8 python -m mpi4py -m pytest -q -x -p no:cacheprovider \
+  --with-mpi --timeout=300 tests/mpi/test_3d.py
 echo "== all tests passed"

@@ -28,3 +28,17 @@ def test_train_mlp_runs_as_plain_python(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "1 ranks" in proc.stdout and "accuracy check passed" in proc.stdout
+
+
+def test_train_mlp_3d_on_eight_ranks_passes_its_check(tmp_path):
+    code, out, err, _ = run_mpi(8, ROOT / "examples/train_mlp.py", "--tp", "2", "--pp", "2",
+                                "--epochs", "8", "--data-dir", tmp_path, "--metrics",
+                                tmp_path / "m.jsonl", timeout=600)
+    assert code == 0, err
+    assert "(dp 2 x tp 2 x pp 2)" in out and "accuracy check passed" in out
+
+
+def test_tensor_parallel_demo_matches_dense():
+    code, out, err, _ = run_mpi(2, ROOT / "examples/tensor_parallel_mlp.py", timeout=120)
+    assert code == 0, err
+    assert "matches the dense block" in out
