@@ -52,9 +52,16 @@ def direct(path, index, key):
         return np.stack([f[key][int(i)] for i in index]) if len(index) else f[key][:0]
 
 
-@pytest.fixture(params=["contiguous", "chunked", "gzip"])
+class H5Path(str):
+    """A file's path, and whether the dataset should memory-map it."""
+    memory_map = True
+
+
+@pytest.fixture(params=["contiguous", "contiguous-h5py", "chunked", "gzip"])
 def h5file(request, tmp_path):
-    return write(tmp_path / f"{request.param}.h5", layout=request.param)
+    path = H5Path(write(tmp_path / f"{request.param}.h5", layout=request.param.split("-")[0]))
+    path.memory_map = not request.param.endswith("-h5py")
+    return path
 
 
 def index_arrays(rng):
@@ -69,7 +76,7 @@ def index_arrays(rng):
 
 @pytest.mark.parametrize("cache", [False, True])
 def test_reads_equal_direct_h5py_reads(h5file, cache):
-    ds = HDF5Dataset(h5file, cache=cache)
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=cache)
     assert ds.cached is cache
     assert len(ds) == N and ds.sample_shape == (3, 4) and ds.dtype == np.float32
     rng = np.random.default_rng(1)
@@ -83,7 +90,7 @@ def test_reads_equal_direct_h5py_reads(h5file, cache):
 
 
 def test_single_integer_index(h5file):
-    ds = HDF5Dataset(h5file, cache=False)
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=False)
     with h5py.File(h5file) as f:
         for i in (0, 17, N - 1, -1, np.int64(5)):
             x, y = ds[i]
@@ -94,10 +101,20 @@ def test_single_integer_index(h5file):
 @pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("bad", [N, -N - 1, [0, N], [3, -N - 5], 10**9])
 def test_out_of_range_index_raises(h5file, cache, bad):
-    ds = HDF5Dataset(h5file, cache=cache)
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=cache)
     with pytest.raises(IndexError) as err:
         ds[bad]
     assert h5file in str(err.value) and f"{N} samples" in str(err.value)
+
+
+def test_index_must_be_integers(h5file):
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=False)
+    for bad in (np.array([1.5]), np.array([True, False]), np.zeros((2, 2), np.int64), "3"):
+        with pytest.raises(TypeError, match="1-d array of integers"):
+            ds[bad]
+    assert ds[[]][0].shape == (0, 3, 4)
+    np.testing.assert_array_equal(ds[np.array(4)][0], ds[4][0])
+    np.testing.assert_array_equal(ds[np.array([2], np.uint8)][0], ds[[2]][0])
 
 
 class Recorder:
@@ -126,7 +143,7 @@ def test_dense_rows_read_as_one_covering_slice_sparse_ones_as_one_fancy_read():
 
 
 def test_batch_is_one_sorted_deduplicated_read(h5file, monkeypatch):
-    ds = HDF5Dataset(h5file, cache=False)
+    ds = HDF5Dataset(h5file, memory_map=False, cache=False)
     seen = []
     real = hdf5._read_rows
 
@@ -141,8 +158,52 @@ def test_batch_is_one_sorted_deduplicated_read(h5file, monkeypatch):
         assert rows.tolist() == [2, 9, 400, N - 1]
 
 
+def test_contiguous_datasets_are_memory_mapped(h5file, monkeypatch):
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=False)
+    mapped = {"contiguous.h5": ["x", "y"], "chunked.h5": ["y"], "gzip.h5": ["y"]}
+    want = mapped[os.path.basename(h5file)] if h5file.memory_map else []
+    assert ds.memory_mapped == want
+    calls, real = [], hdf5._read_rows
+
+    def spy(dset, rows):
+        calls.append(dset.name)
+        return real(dset, rows)
+
+    monkeypatch.setattr(hdf5, "_read_rows", spy)
+    x, y = ds[np.array([5, 3, 5])]
+    np.testing.assert_array_equal(x, direct(h5file, [5, 3, 5], "x"))
+    np.testing.assert_array_equal(y, direct(h5file, [5, 3, 5], "y"))
+    assert sorted(set(calls)) == sorted({"/x", "/y"} - {"/" + k for k in want})
+    if want:
+        x[...] = 0  # a batch is a copy, never a view of the file
+        assert not np.array_equal(ds[np.array([5, 3, 5])][0], x)
+
+
+def test_memory_map_placement_checks(tmp_path):
+    """A user block shifts the data; a dataset never written has no storage
+    (h5py returns its fill value); big-endian data keeps its dtype; all read
+    the same as h5py."""
+    path = tmp_path / "ub.h5"
+    x = np.arange(60, dtype=">f4").reshape(20, 3)
+    with h5py.File(path, "w", userblock_size=1024) as f:
+        f["x"] = x
+        f.create_dataset("y", (20,), np.int64, fillvalue=7)
+    ds = HDF5Dataset(path, cache=False)
+    assert ds.memory_mapped == ["x"]
+    xb, yb = ds[np.array([19, 0, 4])]
+    np.testing.assert_array_equal(xb, x[[19, 0, 4]])
+    assert xb.dtype == np.dtype(">f4") and yb.tolist() == [7, 7, 7]
+    np.testing.assert_array_equal(ds.targets(), np.full(20, 7))
+    nan = tmp_path / "nan.h5"
+    with h5py.File(nan, "w") as f:
+        f["x"] = np.full((4, 2), np.nan, np.float32)
+        f["y"] = np.arange(4)
+    ds = HDF5Dataset(nan, cache=False)
+    assert ds.memory_mapped == ["x", "y"] and np.isnan(ds[[3, 0]][0]).all()
+
+
 def test_file_opened_read_only_with_small_sieve_buffer(h5file):
-    ds = HDF5Dataset(h5file, cache=False)
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=False)
     f = ds._handle()
     assert f.mode == "r"
     assert f.id.get_access_plist().get_sieve_buf_size() == hdf5.SIEVE_BYTES
@@ -154,7 +215,7 @@ def test_file_opened_read_only_with_small_sieve_buffer(h5file):
 
 @pytest.mark.parametrize("locking", [False, True, "best-effort"])
 def test_locking_option(h5file, locking):
-    ds = HDF5Dataset(h5file, cache=False, locking=locking)
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=False, locking=locking)
     x, _ = ds[np.array([3, 1])]
     ds.close()  # HDF5 refuses a second open of the file with other locking flags
     np.testing.assert_array_equal(x, direct(h5file, [3, 1], "x"))
@@ -162,9 +223,9 @@ def test_locking_option(h5file, locking):
 
 def test_no_labels_and_targets(h5file):
     for cache in (False, True):
-        ds = HDF5Dataset(h5file, cache=cache)
+        ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=cache)
         np.testing.assert_array_equal(ds.targets(), direct(h5file, range(N), "y"))
-        ds = HDF5Dataset(h5file, y=None, cache=cache)
+        ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, y=None, cache=cache)
         x, y = ds[np.array([4, 2])]
         assert y is None and x.shape == (2, 3, 4)
         with pytest.raises(ValueError, match="without labels"):
@@ -173,11 +234,11 @@ def test_no_labels_and_targets(h5file):
 
 def test_cache_auto_follows_the_memory_budget(h5file):
     assert HDF5Dataset(h5file).cached  # 30 KB, under the default budget
-    assert not HDF5Dataset(h5file, cache_bytes=1000).cached
+    assert not HDF5Dataset(h5file, memory_map=h5file.memory_map, cache_bytes=1000).cached
     with pytest.raises(ValueError, match="cache must be"):
-        HDF5Dataset(h5file, cache="yes")
+        HDF5Dataset(h5file, memory_map=h5file.memory_map, cache="yes")
     with pytest.raises(ValueError, match="locking must be"):
-        HDF5Dataset(h5file, locking="maybe")
+        HDF5Dataset(h5file, memory_map=h5file.memory_map, locking="maybe")
 
 
 # -- bad inputs ---------------------------------------------------------------------
@@ -264,7 +325,7 @@ def test_corrupt_data_found_at_read_time_names_the_path(tmp_path):
 # -- processes ----------------------------------------------------------------------
 
 def test_pickle_round_trip_drops_the_handle_and_reads_the_same(h5file):
-    ds = HDF5Dataset(h5file, cache=False)
+    ds = HDF5Dataset(h5file, memory_map=h5file.memory_map, cache=False)
     index = np.array([5, 1, 5, 300])
     before = ds[index]
     assert ds._file is not None

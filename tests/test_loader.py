@@ -150,6 +150,21 @@ def test_breaking_out_early_leaves_no_thread(prefetch):
     assert threading.active_count() == baseline
 
 
+def test_dataset_in_memory_is_read_inline(h5ds):
+    cached = HDF5Dataset(h5ds.path, cache=True)
+    sampler = DistributedSampler(cached, num_replicas=2, rank=1, seed=2)
+    inline = DataLoader(cached, 10, sampler=sampler, prefetch=2, device="cpu")
+    threaded = DataLoader(h5ds, 10, sampler=sampler, prefetch=2, device="cpu")
+    for (xa, ya), (xb, yb) in zip(inline, threaded, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    for _ in inline:
+        assert not prefetch_threads()  # no thread for a fancy index into memory
+    for _ in threaded:
+        assert prefetch_threads()
+        break
+
+
 def test_thread_ends_after_a_full_epoch():
     baseline = threading.active_count()
     loader = DataLoader(ArrayDataset(), 10, device="cpu")

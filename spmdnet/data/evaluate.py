@@ -8,7 +8,7 @@ different numbers of samples.
 import numpy as np
 
 from .. import functional as F
-from ..backend import asnumpy
+from ..backend import asnumpy, upload
 from ..tensor import Tensor, no_grad
 
 
@@ -23,24 +23,31 @@ def evaluate(model, dataset, batch_size=1024, comm=None, to_device=None):
 
     ``comm`` is the data-parallel communicator (default: the world); ranks
     that share a data-parallel rank (a tensor-parallel group) evaluate the
-    same samples. ``to_device`` maps a host batch to the model's device."""
+    same samples. ``to_device`` maps a host batch to the model's device
+    (default: the rank's device, as the DataLoader does)."""
     from .. import dist  # noqa: PLC0415
+    from ..dist.world import _state  # noqa: PLC0415
     comm = dist.comm_or_default(comm)
+    if to_device is None and _state["world"] is not None and _state["world"].device == "gpu":
+        to_device = upload
     was_training = getattr(model, "training", False)
-    model.eval() if hasattr(model, "eval") else None
+    if hasattr(model, "eval"):
+        model.eval()
     totals = np.zeros(3, dtype=np.float64)  # loss_sum, correct, count
     index = shard_indices(len(dataset), comm.Get_rank(), comm.Get_size())
-    for start in range(0, len(index), batch_size):
-        x, y = dataset[index[start:start + batch_size]]
-        if to_device is not None:
-            x, y = to_device(x), to_device(y)
-        logits = model(Tensor(x))
-        totals[0] += float(F.cross_entropy(logits, y, reduction="sum").item())
-        totals[1] += int((asnumpy(logits.data).argmax(axis=1) == asnumpy(y)).sum())
-        totals[2] += len(y)
+    try:
+        for start in range(0, len(index), batch_size):
+            x, y = dataset[index[start:start + batch_size]]
+            if to_device is not None:
+                x, y = to_device(x), to_device(y)
+            logits = model(Tensor(x))
+            totals[0] += float(F.cross_entropy(logits, y, reduction="sum").item())
+            totals[1] += int((asnumpy(logits.data).argmax(axis=1) == asnumpy(y)).sum())
+            totals[2] += len(y)
+    finally:
+        if was_training:
+            model.train()
     dist.allreduce(totals, op="sum", comm=comm)
-    if was_training:
-        model.train()
     count = int(totals[2])
     return {"loss": totals[0] / max(count, 1), "accuracy": totals[1] / max(count, 1),
             "count": count}

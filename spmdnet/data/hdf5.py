@@ -1,20 +1,30 @@
-"""HDF5Dataset: batches read from an HDF5 file, one h5py read per batch.
+"""HDF5Dataset: batches read from an HDF5 file, one read per batch.
 
 The file is opened lazily, read-only, by each process on first access and
 reopened after a fork (an h5py handle must never cross a fork). Validation
 happens at construction, so a bad path, key or length fails before training
-with the path in the message. ``ds[indices]`` sorts and de-duplicates the
-indices, reads them with one fancy-indexed h5py read, and restores the
-requested order: never sample by sample.
+with the path in the message. ``ds[indices]`` reads a whole batch at once,
+never sample by sample, in one of two ways:
 
-Files are opened with a small HDF5 sieve buffer (``SIEVE_BYTES``): HDF5's
-default of 64 KiB makes every row of a sparse (shuffled) selection from a
-contiguous dataset load 64 KiB, which made a batch read barely faster than
-reading sample by sample (benchmarks/loader.py). For random access, store
-``x`` contiguous (the writers in ``datasets`` do) or in chunks of few rows: a
-read touches whole chunks, so chunks of hundreds of rows read hundreds of
-rows per sample.
+* a dataset stored contiguous and unfiltered (what the writers in
+  ``datasets`` produce) is read through a read-only memory map of its bytes
+  in the file (located with h5py, checked against h5py's own read at open):
+  one NumPy fancy index per batch, in the requested order. h5py spends about
+  3 us per row of a sparse selection, a PyTorch-style per-sample reader about
+  10 us per sample; the map copies a 3 KB row in well under 1 us once the
+  page cache holds it (benchmarks/loader.py). ``memory_map=False`` turns it
+  off. Rewrite a mapped file only by writing a new file and renaming it over
+  the old one (as ``datasets`` does), never in place: truncating a mapped
+  file under a reader kills the reader (SIGBUS).
+* any other dataset (chunked, compressed, external) is read with one h5py
+  read of the sorted, de-duplicated indices (the covering slice when they are
+  dense), then put back in the requested order. Such files are opened with a
+  small HDF5 sieve buffer (``SIEVE_BYTES``): HDF5's default of 64 KiB loads
+  64 KiB for every row of a sparse selection. Chunks should hold few rows: a
+  read touches whole chunks, so chunks of hundreds of rows read hundreds of
+  rows per sample.
 """
+import mmap
 import os
 
 import numpy as np
@@ -40,19 +50,21 @@ class HDF5Dataset:
     ``locking`` is h5py's file-locking option (None: HDF5's default; True,
     False, or "best-effort"; False helps on shared filesystems without lock
     support); ``cache`` is True, False or "auto" (load the whole file
-    into memory when it is at most ``cache_bytes``).
+    into memory when it is at most ``cache_bytes``); ``memory_map`` reads
+    contiguous datasets through a read-only memory map (see the module's
+    notes).
     """
 
     def __init__(self, path, x="x", y="y", locking=None, cache="auto",
-                 cache_bytes=256 * 2**20):
+                 cache_bytes=256 * 2**20, memory_map=True):
         self.path, self.x_key, self.y_key = str(path), x, y
         if locking not in (None, True, False, "best-effort"):
             raise ValueError(f"locking must be None, True, False or 'best-effort', got "
                              f"{locking!r}")
         if cache not in (True, False, "auto"):
             raise ValueError(f"cache must be True, False or 'auto', got {cache!r}")
-        self.locking = locking
-        self._file, self._pid, self._cache = None, None, None
+        self.locking, self.memory_map = locking, bool(memory_map)
+        self._file, self._pid, self._cache, self._sources = None, None, None, {}
         f = self._open()
         try:
             self._validate(f)
@@ -102,16 +114,24 @@ class HDF5Dataset:
         """This process's open file (reopened in a forked child)."""
         if self._file is None or self._pid != os.getpid():
             self._file, self._pid = self._open(), os.getpid()
+            self._sources = {key: _source(self._file[key], self.path, self.memory_map)
+                             for key in (self.x_key, self.y_key) if key is not None}
         return self._file
+
+    @property
+    def memory_mapped(self):
+        """The keys read through a memory map in this process."""
+        self._handle()
+        return sorted(key for key, src in self._sources.items() if isinstance(src, np.ndarray))
 
     def close(self):
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
-        self._file = None
+        self._file, self._sources = None, {}
 
-    def __getstate__(self):  # picklable without the handle
+    def __getstate__(self):  # picklable without the handle and the maps
         state = dict(self.__dict__)
-        state["_file"] = None
+        state["_file"], state["_sources"] = None, {}
         return state
 
     # -- reading -------------------------------------------------------------------
@@ -128,11 +148,20 @@ class HDF5Dataset:
         if isinstance(index, (int, np.integer)):
             xb, yb = self[np.array([index])]
             return xb[0], (None if yb is None else yb[0])
-        index = np.asarray(backend.asnumpy(index), dtype=np.int64)
-        if index.size and (index.min() < -self._len or index.max() >= self._len):
-            raise IndexError(f"index out of range for {self.path} with {self._len} samples: "
-                             f"min {index.min()}, max {index.max()}")
-        index = index % max(self._len, 1)
+        index = np.asarray(backend.asnumpy(index))
+        if index.ndim == 0 and index.dtype.kind in "iu":
+            return self[int(index)]
+        if index.ndim != 1 or (index.dtype.kind not in "iu" and index.size):
+            raise TypeError(f"index {self.path} with an integer, or a 1-d array of integers; "
+                            f"got a {index.ndim}-d {index.dtype} array")
+        index = index.astype(np.int64, copy=False)
+        if index.size:
+            lo, hi = index.min(), index.max()
+            if lo < -self._len or hi >= self._len:
+                raise IndexError(f"index out of range for {self.path} with {self._len} "
+                                 f"samples: min {lo}, max {hi}")
+            if lo < 0:
+                index = index % self._len
         if self._cache is not None:
             x, y = self._cache
             return x[index], (None if y is None else y[index])
@@ -144,18 +173,42 @@ class HDF5Dataset:
             raise ValueError(f"HDF5 dataset {self.path} was opened without labels (y=None)")
         if self._cache is not None:
             return self._cache[1]
-        return self._handle()[self.y_key][...]
+        self._handle()
+        return np.array(self._sources[self.y_key][...])
 
     def _read(self, index):
-        unique, inverse = np.unique(index, return_inverse=True)  # sorted, de-duplicated
-        f = self._handle()
+        self._handle()
+        order = _Order(index)
         try:
-            x = _read_rows(f[self.x_key], unique)[inverse]
-            y = None if self.y_key is None else _read_rows(f[self.y_key], unique)[inverse]
+            x = _rows(self._sources[self.x_key], index, order)
+            y = None if self.y_key is None else _rows(self._sources[self.y_key], index, order)
         except OSError as exc:
-            raise OSError(f"cannot read {len(unique)} rows of HDF5 dataset {self.path} on "
+            raise OSError(f"cannot read {len(index)} rows of HDF5 dataset {self.path} on "
                           f"rank {_rank()} (truncated or corrupt file?): {exc}") from exc
         return x, y
+
+
+class _Order:
+    """The sorted, de-duplicated form of an index array, computed once per
+    batch for all h5py-read keys; ``restore`` is None when it is the index."""
+
+    def __init__(self, index):
+        self.index, self._unique = index, None
+
+    def unique(self):
+        if self._unique is None:
+            self._unique, inverse = np.unique(self.index, return_inverse=True)
+            same = len(self._unique) == len(self.index) and np.array_equal(self._unique,
+                                                                             self.index)
+            self.restore = None if same else inverse
+        return self._unique
+
+
+def _rows(source, index, order):
+    if isinstance(source, np.ndarray):  # a memory map: one fancy index, in order
+        return source[index]
+    rows = _read_rows(source, order.unique())
+    return rows if order.restore is None else rows[order.restore]
 
 
 def _read_rows(ds, rows):
@@ -168,3 +221,33 @@ def _read_rows(ds, rows):
     if hi - lo <= 4 * rows.size:
         return ds[lo:hi][rows - lo]
     return ds[rows]
+
+
+def _source(dset, path, memory_map):
+    """What rows of ``dset`` are read from: a read-only array over its bytes in
+    the file when it is stored contiguous, unfiltered and allocated, else the
+    h5py dataset itself."""
+    if not memory_map or dset.size == 0:
+        return dset
+    h5d = _h5py().h5d
+    plist = dset.id.get_create_plist()
+    if (plist.get_layout() != h5d.CONTIGUOUS or plist.get_nfilters()
+            or plist.get_external_count()):
+        return dset
+    nbytes = dset.size * dset.dtype.itemsize
+    offset = dset.id.get_offset()
+    if (offset is None or dset.id.get_storage_size() < nbytes or dset.dtype.hasobject
+            or offset + nbytes > os.path.getsize(path)):
+        return dset
+    try:
+        with open(path, "rb") as fh:
+            mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # a filesystem without mmap: read through h5py
+        return dset
+    if hasattr(mmap, "MADV_RANDOM"):
+        mapping.madvise(mmap.MADV_RANDOM)  # shuffled rows: no read-ahead around each
+    array = np.frombuffer(mapping, dset.dtype, dset.size, offset).reshape(dset.shape)
+    for row in (0, len(dset) - 1):  # the bytes h5py reads (NaN-safe comparison)
+        if array[row].tobytes() != np.asarray(dset[row]).tobytes():
+            return dset  # not where h5py says: read through h5py
+    return array

@@ -5,6 +5,12 @@ While the model trains on batch k, a thread reads batches k+1..k+prefetch
 and, on a GPU rank, uploads them through pinned memory on a side stream.
 An exception in the thread is raised again in the training loop.
 ``wait_s`` accumulates the time the training loop waited for data.
+
+A dataset held in memory (``HDF5Dataset.cached``) on a CPU rank is read
+inline, without the thread: a batch is then a fancy index taking
+microseconds, less than handing it between threads, and the thread would
+only compete with the training loop for the GIL (train_mlp.py on digits
+trained about 15% slower with it).
 """
 import queue
 import threading
@@ -67,7 +73,7 @@ class DataLoader:
 
     def __iter__(self):
         batches, device = self.batches(), self._device()
-        if self.prefetch == 0:
+        if self.prefetch == 0 or (device == "cpu" and getattr(self.dataset, "cached", False)):
             for index in batches:
                 t0 = time.perf_counter()
                 item = self._load(index, device)
