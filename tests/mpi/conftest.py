@@ -5,8 +5,21 @@ in the next collective until the timeout. The report is printed, tagged
 with the rank, before ``COMM_WORLD.Abort``.
 """
 import sys
+import tempfile
 
 import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """A private temporary base per rank: ranks started together would
+    otherwise race for the same numbered pytest-N directory (and share it).
+    Tests that need one directory for all ranks create it on rank 0 and
+    broadcast its path."""
+    if config.option.basetemp is None and config.getoption("with_mpi", False):
+        from mpi4py import MPI
+        rank = MPI.COMM_WORLD.Get_rank()
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"spmdnet-pytest-rank{rank}-")
 
 
 @pytest.hookimpl(hookwrapper=True)
