@@ -188,8 +188,15 @@ class Run:
         sampler.start_index = batches_done * self.loader.batch_size
         sn.save_checkpoint(self.args.checkpoint_dir + "/", self.net.module, self.opt,
                            sampler=sampler, step=self.step, mesh=self.mesh,
-                           scheduler=self.sched.state_dict(), epoch=epoch)
+                           scheduler=self.sched.state_dict(), epoch=epoch,
+                           schedule=self.schedule())
         sampler.load_state_dict(saved)
+
+    def schedule(self):
+        """What a resumed run must share with the one it continues."""
+        a = self.args
+        return {"epochs": a.epochs, "batch_size": a.batch_size, "lr": a.lr,
+                "optimizer": a.optimizer, "seed": a.seed}
 
     def resume(self):
         """Continue from the newest checkpoint in --checkpoint-dir, if any."""
@@ -200,6 +207,10 @@ class Run:
             return
         extra = sn.load_checkpoint(found, self.net.module, self.opt, mesh=self.mesh,
                                    sampler=self.loader.sampler)
+        if extra.get("schedule") != self.schedule():
+            raise SystemExit(f"{found} was trained with {extra.get('schedule')}, this run asks "
+                             f"for {self.schedule()}: resume with the same options or start a "
+                             "new --checkpoint-dir")
         self.sched.load_state_dict(extra["scheduler"])
         self.step, self.epoch, self.resumed = extra["step"], extra["epoch"], True
         dist.print0(f"resumed from {found} at step {self.step}, epoch {self.epoch}, "
@@ -317,4 +328,8 @@ def finish(args, history, net, mesh, test_set, loader, train_s, append):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 3:  # every rank stops together: finalize MPI ourselves so that
+        from mpi4py import MPI  # `python -m mpi4py` keeps exit code 3 (no MPI_Abort)
+        MPI.Finalize()
+    sys.exit(code)

@@ -23,6 +23,10 @@ def run_mpi(n, script, *args, timeout=60, env=None):
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(script), *map(str, args)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=ROOT)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, cwd=ROOT)
+    finally:  # aborted jobs leave MPICH shared-memory segments in /dev/shm
+        from spmdnet.dist.slurm import clean_stale_mpich_segments
+        clean_stale_mpich_segments()
     return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0
