@@ -39,3 +39,17 @@ def pytest_runtest_makereport(item, call):
     sys.stderr.write(f"[rank {rank}] aborting all {comm.Get_size()} ranks\n")
     sys.stderr.flush()
     comm.Abort(1)
+
+
+@pytest.fixture
+def world_float64():
+    """MPI initialised and float64 as the default dtype for one test (the
+    oracles compare to 1e-10 and tighter); float32 again afterwards."""
+    import numpy as np
+
+    import spmdnet as sn
+    from spmdnet import dist
+    dist.init()
+    sn.set_default_dtype(np.float64)
+    yield
+    sn.set_default_dtype(np.float32)

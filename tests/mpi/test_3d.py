@@ -7,16 +7,8 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, parallel
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, HIDDEN, CLASSES, BATCH = 6, 8, 3, 16
-
-
-@pytest.fixture(autouse=True)
-def float64():
-    dist.init()
-    sn.set_default_dtype(np.float64)
-    yield
-    sn.set_default_dtype(np.float32)
 
 
 def serial_model():

@@ -11,16 +11,8 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 LOCAL = 3  # samples per rank
-
-
-@pytest.fixture(autouse=True)
-def float64():
-    dist.init()
-    sn.set_default_dtype(np.float64)
-    yield
-    sn.set_default_dtype(np.float32)
 
 
 def make_model(seed=0):

@@ -6,15 +6,7 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, parallel
 
-pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(autouse=True)
-def float64():
-    dist.init()
-    sn.set_default_dtype(np.float64)
-    yield
-    sn.set_default_dtype(np.float32)
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 
 
 def full_model():

@@ -12,20 +12,12 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, HID, OUT, BATCH = 5, 12, 7, 4  # HID divisible by tp = 1, 2, 3, 4
 TPS = [1, 2, 3, 4]
 # the oracle's own record of how Megatron splits each parameter (None: replicated)
 SPLIT = {"0.weight": 0, "0.bias": 0, "2.weight": 1, "2.bias": None}
 TOL = {"rtol": 1e-10, "atol": 1e-12}
-
-
-@pytest.fixture(autouse=True)
-def float64():
-    dist.init()
-    sn.set_default_dtype(np.float64)
-    yield
-    sn.set_default_dtype(np.float32)
 
 
 @pytest.fixture(params=TPS, ids=lambda tp: f"tp{tp}")
