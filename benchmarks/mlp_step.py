@@ -9,8 +9,11 @@ count at import) that times, interleaved in one run:
   numpy  a complete hand-written NumPy step (products + relu + softmax
          cross-entropy + SGD momentum), no autograd
   ours   a spmdnet step: model(x), F.cross_entropy, backward, opt.step()
-and prints median times, the ratio ours/floor (goal <= 1.35) and the peak
-memory a step allocates (tracemalloc), ours/floor (goal <= 1.5).
+  xp     the same spmdnet step with SPMDNET_KERNELS=xp (no Numba kernels)
+and prints median times, the ratios to the floor (goal for ours <= 1.15,
+issue 6; without kernels <= 1.35) and the peak memory a step allocates
+(tracemalloc), ours/floor (goal <= 1.5). Kernel compilation happens in a
+warm-up step before timing; its seconds are printed at the end of the row.
 """
 import argparse
 import os
@@ -71,7 +74,7 @@ def numpy_step(np, x, y, params, bufs, lr=0.01, mom=0.9):
         prm -= lr * buf
 
 
-def build_ours(x, y):
+def build_ours(x, y, kernels="numba"):
     import spmdnet as sn
     import spmdnet.functional as F
     from spmdnet import nn, optim
@@ -84,6 +87,7 @@ def build_ours(x, y):
     xt = sn.Tensor(x)
 
     def step():
+        os.environ["SPMDNET_KERNELS"] = kernels  # read at call time, by every op
         loss = F.cross_entropy(model(xt), y)
         opt.zero_grad()
         loss.backward()
@@ -117,18 +121,21 @@ def child(steps):
     x, y, weights = make_problem(np)
     params = [a for w in weights for a in (w.copy(), np.zeros(w.shape[0], np.float32))]
     bufs = [np.zeros_like(p) for p in params]
+    from spmdnet.kernels import compile_seconds
     fns = {"floor": lambda: floor_step(np, x, weights),
            "numpy": lambda: numpy_step(np, x, y, params, bufs),
-           "ours": build_ours(x, y)}
+           "ours": build_ours(x, y), "xp": build_ours(x, y, "xp")}
     for fn in fns.values():
-        fn()
+        fn()  # warm-up: compiles the kernels this step uses
+    compiled = compile_seconds()
     t = median_times(fns, steps)
     mem = {name: peak_bytes(fn) for name, fn in fns.items()}
     threads = os.environ["OMP_NUM_THREADS"]
     print(f"{threads:>7} {t['floor'] * 1e3:9.2f} {t['numpy'] * 1e3:9.2f} "
-          f"{t['ours'] * 1e3:9.2f} {t['numpy'] / t['floor']:11.3f} "
-          f"{t['ours'] / t['floor']:10.3f} {mem['floor'] / 2**20:9.1f} "
-          f"{mem['ours'] / 2**20:8.1f} {mem['ours'] / mem['floor']:8.2f}", flush=True)
+          f"{t['ours'] * 1e3:9.2f} {t['xp'] * 1e3:9.2f} {t['numpy'] / t['floor']:11.3f} "
+          f"{t['ours'] / t['floor']:10.3f} {t['xp'] / t['floor']:8.3f} "
+          f"{mem['floor'] / 2**20:9.1f} {mem['ours'] / 2**20:8.1f} "
+          f"{mem['ours'] / mem['floor']:8.2f} {compiled:9.1f}", flush=True)
 
 
 def main():
@@ -141,8 +148,8 @@ def main():
         return child(args.steps)
     print(f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, float32, SGD momentum; "
           f"median of {args.steps} interleaved steps (ms); peak step allocation (MiB)")
-    print("threads floor_ms  numpy_ms   ours_ms numpy/floor ours/floor floor_MiB "
-          "ours_MiB mem_ratio")
+    print("threads floor_ms  numpy_ms   ours_ms     xp_ms numpy/floor ours/floor xp/floor "
+          "floor_MiB ours_MiB mem_ratio compile_s")
     for n in args.threads:
         env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n),
                    MKL_NUM_THREADS=str(n))

@@ -12,6 +12,7 @@ from .ops import (
     Embedding,
     LayerNorm,
     Linear,
+    LinearAct,
     LogSoftmax,
     MSELoss,
     Softmax,
@@ -34,10 +35,24 @@ __all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "exp", "log", "sqrt", "m
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def linear(x, weight, bias=None):
-    """x @ weight.T + bias, weight of shape (out_features, in_features)."""
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
+
+
+def linear(x, weight, bias=None, activation=None):
+    """x @ weight.T + bias, weight of shape (out_features, in_features).
+
+    ``activation`` (one of ``ACTIVATIONS``; "gelu_tanh" is
+    ``gelu(approximate="tanh")``) applies it in the same op: the same values
+    as ``F.relu(F.linear(x, w, b))``, with one pass over the output instead of
+    three (``nn.Sequential`` fuses Linear + activation this way)."""
     x = as_tensor_like(x, weight)
-    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
+    args = (x, weight) if bias is None else (x, weight, bias)
+    if activation is None:
+        return Linear.apply(*args)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: activation must be None or one of {ACTIVATIONS}, "
+                         f"got {activation!r}")
+    return LinearAct.apply(*args, activation=activation)
 
 
 def gelu(x, approximate="none"):

@@ -6,23 +6,28 @@ importing spmdnet stays fast and never needs a compiler; ``numba.cuda`` is
 imported only when a CuPy array first reaches a kernel.
 
 Kernel bodies live in the other modules of this package as plain Python
-functions over arrays (the reference when ``NUMBA_DISABLE_JIT=1``) and are
-compiled here: ``CpuKernel`` for the CPU, ``cuda_jit`` for CuPy arrays.
+functions over arrays (what runs under ``NUMBA_DISABLE_JIT=1``) and are
+compiled here: ``CpuKernel`` for the CPU (serial, see ``njit_serial``),
+``cuda_jit`` for CuPy arrays (``NUMBA_ENABLE_CUDASIM=1`` and
+``cuda_simulation()`` run those on the CPU, for tests). ``target`` decides
+whether the ops take a kernel; ``compile_seconds`` reports compile time.
 
 Compile cache (``SPMDNET_KERNEL_CACHE=1``, off by default): compiled CPU
-kernels are kept in a node-local directory (``cache_dir``), and
-``compile_in_order`` lets rank 0 compile first, then one rank per other
-host, then the rest, so that ranks never race writing one cache.
+kernels are kept in a node-local directory (``cache_dir``, named after a
+hash of the kernel sources), and ``compile_in_order`` (called by
+``kernels.warmup(comm=...)``) lets rank 0 compile first, then one rank per
+other host, then the rest, so that ranks never race writing one cache.
 """
+import hashlib
 import os
 import socket
 import tempfile
-import time
 import warnings
 
 import numpy as np
 
 from .. import config
+from ..errors import DistributedError
 
 try:
     import numba
@@ -59,21 +64,54 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def target(*arrays):
-    """Where kernels run for these float arrays: ``"cpu"`` (all NumPy),
-    ``"cuda"`` (all CuPy, and numba.cuda usable), or None (the xp path):
-    also None when kernels are switched off, or the arrays mix types or
+    """Where the ops run kernels for these float arrays: ``"cpu"`` (all
+    NumPy), ``"cuda"`` (all CuPy, and numba.cuda usable), or None (the xp
+    path): None also when ``SPMDNET_KERNELS=xp``, or the arrays mix types or
     dtypes or are not float32/float64. ``None`` entries are skipped."""
-    if not kernels_on():
+    return array_target(*arrays) if kernels_on() else None
+
+
+def array_target(*arrays):
+    """``target`` without the knob: what the kernel wrappers accept."""
+    if numba is None:
         return None
     arrays = [a for a in arrays if a is not None]
     kind, dtype = type(arrays[0]), arrays[0].dtype
     if dtype not in _FLOATS or any(type(a) is not kind or a.dtype != dtype for a in arrays):
         return None
     if kind is np.ndarray:
-        return "cpu"
+        return "cuda" if _simulating else "cpu"
     if kind.__module__.startswith("cupy") and cuda_usable():
         return "cuda"
     return None
+
+
+_simulating = []
+
+
+class cuda_simulation:  # noqa: N801 - used like a function: with cuda_simulation():
+    """For tests: inside ``with cuda_simulation():`` NumPy arrays take the CUDA
+    kernels, run by Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` must be
+    set before Numba is imported)."""
+
+    def __enter__(self):
+        if numba is None or not numba.config.ENABLE_CUDASIM:
+            raise RuntimeError("cuda_simulation() needs NUMBA_ENABLE_CUDASIM=1 at import")
+        _simulating.append(True)
+
+    def __exit__(self, *exc):
+        _simulating.pop()
+
+
+def check_target(what, *arrays):
+    """``array_target`` of the arrays, or TypeError naming what they are."""
+    where = array_target(*arrays)
+    if where is None:
+        kinds = sorted({f"{type(a).__module__}.{type(a).__name__} of {a.dtype}"
+                        for a in arrays if a is not None})
+        raise TypeError(f"{what} kernels need NumPy (or CuPy) float32 or float64 arrays, "
+                        f"all of one kind and dtype, and Numba; got {', '.join(kinds)}")
+    return where
 
 
 def jit_disabled():
@@ -113,15 +151,10 @@ def njit_inline(fn):
     return numba.njit(inline="always", **_OPTIONS)(fn)
 
 
-_compile_seconds = [0.0]
-
-
 class CpuKernel:
-    """A plain Python kernel body, compiled with ``njit_serial`` at first call.
-
-    ``kernel.body`` is the uncompiled function. Compile time is added to
-    ``compile_seconds()`` so benchmarks can report it apart from step times.
-    Compiles keep the disk cache when ``SPMDNET_KERNEL_CACHE=1``."""
+    """A plain Python kernel body, compiled with ``njit_serial`` at its first
+    call (with the disk cache when ``SPMDNET_KERNEL_CACHE=1``); ``.body`` is
+    the plain function."""
 
     def __init__(self, body):
         self.body = body
@@ -133,19 +166,19 @@ class CpuKernel:
         fn = self.compiled
         if fn is None:
             fn = self.compiled = njit_serial(self.body, cache=_use_cache())
-            if jit_disabled():
-                return fn(*args)
-        compiled = len(getattr(fn, "overloads", ()))
-        t0 = time.perf_counter()
-        out = fn(*args)
-        if len(getattr(fn, "overloads", ())) != compiled:  # this call compiled (or loaded)
-            _compile_seconds[0] += time.perf_counter() - t0
-        return out
+        return fn(*args)
+
+
+if numba is not None:  # compile time, kept apart from step times by benchmarks
+    _compile_timer = numba.core.event.TimingListener()
+    numba.core.event.register("numba:compile", _compile_timer)
 
 
 def compile_seconds():
-    """Seconds spent so far compiling kernels (first calls) in this process."""
-    return _compile_seconds[0]
+    """Seconds this process has spent compiling Numba code (kernels at their
+    first call, or in ``kernels.warmup``; loading from the disk cache is not
+    compiling)."""
+    return _compile_timer.duration if numba is not None and _compile_timer.done else 0.0
 
 
 # --- float32 fast paths for transcendental functions ----------------------------------
@@ -216,45 +249,76 @@ def cuda_jit(fn):
     return cuda().jit(fn)
 
 
-def launch(kernel, n, *args, stream_of=None, threads=128):
-    """Run ``kernel`` over ``n`` work items (1-D grid) on CuPy's current stream."""
+def launch(kernel, n, *args, stream_of=None, threads=None):
+    """Run ``kernel`` over ``n`` work items (1-D grid) on CuPy's current stream,
+    128 threads per block (16 under the simulator: each is a Python thread)."""
     if n == 0:
         return
+    threads = threads or (16 if numba.config.ENABLE_CUDASIM else 128)
     blocks = (n + threads - 1) // threads
     kernel[blocks, threads, _stream(stream_of)](*args)
 
 
-def launch_rows(kernel, rows, *args, stream_of=None, threads=128):
+def launch_rows(kernel, rows, *args, stream_of=None, threads):
     """Run ``kernel`` with one block of ``threads`` per row (row reductions)."""
     if rows == 0:
         return
     kernel[rows, threads, _stream(stream_of)](*args)
 
 
+def cupy():
+    """The cupy module (kernels see CuPy arrays only when it is loaded)."""
+    from ..backend import require_cupy  # noqa: PLC0415 - backend owns the CuPy import
+    return require_cupy()
+
+
+def xp_for(array):
+    """numpy or cupy, whichever ``array`` belongs to."""
+    return np if type(array) is np.ndarray else cupy()
+
+
 def _stream(array):
     """CuPy's current stream as a Numba stream (0, the default, when plain)."""
     if array is None or not type(array).__module__.startswith("cupy"):
         return 0
-    from ..backend import require_cupy  # noqa: PLC0415 - only with CuPy arrays
-    ptr = require_cupy().cuda.get_current_stream().ptr
+    ptr = cupy().cuda.get_current_stream().ptr
     return cuda().external_stream(ptr) if ptr else 0
 
 
 # --- compile cache policy for MPI jobs ----------------------------------------------
 def cache_dir():
-    """Where compiled kernels are kept: ``SPMDNET_KERNEL_CACHE_DIR``, else a
-    node-local scratch directory ($SLURM_TMPDIR, $TMPDIR or the system
-    temporary directory), never the package directory on a shared filesystem."""
-    path = config.get("SPMDNET_KERNEL_CACHE_DIR")
-    if path is None:
-        base = os.environ.get("SLURM_TMPDIR") or tempfile.gettempdir()
+    """Where compiled kernels are kept: under ``SPMDNET_KERNEL_CACHE_DIR``, by
+    default a node-local scratch directory ($SLURM_TMPDIR, $TMPDIR or the
+    system temporary directory), never the package directory on a shared
+    filesystem. The last part names a hash of the kernel sources: Numba
+    checks only the timestamp of a kernel's own file, so an upgraded helper
+    (special.py, reduce.py) would otherwise load stale machine code."""
+    base = config.get("SPMDNET_KERNEL_CACHE_DIR")
+    if base is None:
+        scratch = os.environ.get("SLURM_TMPDIR") or tempfile.gettempdir()
         user = os.environ.get("USER") or str(os.getuid())
-        path = os.path.join(base, f"spmdnet-numba-{user}")
-    return path
+        base = os.path.join(scratch, f"spmdnet-numba-{user}")
+    return os.path.join(base, f"kernels-{_sources_hash()}")
+
+
+_hash = []
+
+
+def _sources_hash():
+    if not _hash:
+        digest = hashlib.sha1(numba.__version__.encode() if numba else b"")
+        folder = os.path.dirname(os.path.abspath(__file__))
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+        _hash.append(digest.hexdigest()[:12])
+    return _hash[0]
 
 
 def _use_cache():
-    """True when the disk cache is on; points Numba at ``cache_dir()`` then."""
+    """True when the disk cache is on; points Numba at ``cache_dir()`` then
+    (Numba's own setting: other cached Numba code in the process goes there too)."""
     if not config.get_bool("SPMDNET_KERNEL_CACHE", False) or jit_disabled():
         return False
     path = cache_dir()
@@ -264,37 +328,46 @@ def _use_cache():
     return True
 
 
-def _comm_rank_size(comm):
+def _rank_size(comm):
     rank = comm.Get_rank() if hasattr(comm, "Get_rank") else comm.rank
     size = comm.Get_size() if hasattr(comm, "Get_size") else comm.size
     return rank, size
 
 
-def _barrier(comm):
-    (comm.Barrier if hasattr(comm, "Barrier") else comm.barrier)()
-
-
 def compile_in_order(compile_fn, comm=None):
     """Call ``compile_fn()`` on every rank of ``comm`` and return its result.
 
-    With the disk cache on and a communicator (mpi4py-like: ``Get_rank``,
-    ``Get_size``, ``allgather``, ``Barrier``; duck-typed, no MPI import here)
-    the ranks take turns: rank 0 compiles and fills its cache first; then the
-    lowest rank of every other host (node-local caches are filled once each,
-    a shared cache is only read); then all remaining ranks, which load from
-    the cache. Without the cache every rank compiles at once: nothing is
-    shared, so nothing can race. Every rank calls the same barriers."""
-    if comm is None or not _use_cache():
+    ``comm`` is duck-typed (mpi4py-like: ``Get_rank``, ``Get_size``,
+    ``allgather``, ``Barrier``; no MPI import here), and every rank of it must
+    call this. The ranks gather their host names and cache settings (a
+    disagreement raises DistributedError on every rank). With the disk cache
+    on they take turns: rank 0 compiles and fills its cache first; then the
+    lowest rank of every other host (node-local caches are filled once each;
+    a shared one is only read); then all other ranks, which load from the
+    cache. Without the cache every rank compiles at once: nothing is shared,
+    so nothing can race."""
+    if comm is None:
         return compile_fn()
-    rank, size = _comm_rank_size(comm)
+    rank, size = _rank_size(comm)
     if size == 1:
         return compile_fn()
-    hosts = comm.allgather(socket.gethostname())
-    first_on_host = hosts.index(hosts[rank]) == rank
-    phase = 0 if rank == 0 else (1 if first_on_host else 2)
+    cached = _use_cache()
+    mine = (socket.gethostname(), cached, cache_dir() if cached else None)
+    everyone = comm.allgather(mine)
+    for other, theirs in enumerate(everyone):
+        if theirs[1:] != everyone[0][1:]:
+            raise DistributedError(
+                f"kernel cache settings differ between ranks: rank 0 has "
+                f"SPMDNET_KERNEL_CACHE={int(everyone[0][1])} (directory {everyone[0][2]}), "
+                f"rank {other} has SPMDNET_KERNEL_CACHE={int(theirs[1])} (directory "
+                f"{theirs[2]})")
+    if not cached:
+        return compile_fn()
+    hosts = [host for host, _, _ in everyone]
+    phase = 0 if rank == 0 else (1 if hosts.index(hosts[rank]) == rank else 2)
     result = None
     for turn in range(3):
         if phase == turn:
             result = compile_fn()
-        _barrier(comm)
+        (comm.Barrier if hasattr(comm, "Barrier") else comm.barrier)()
     return result

@@ -1,59 +1,100 @@
-"""Fused optimizer updates: one parallel pass over a parameter instead of
-four to ten NumPy passes with temporaries.
+"""Fused optimizer updates: one pass over a parameter instead of four to
+ten NumPy passes with temporaries.
 
-Each body is plain Python over flat arrays, jitted explicitly; elementwise loops give the same bits
-at any thread count, so replicas stay bitwise identical. Scalars are
-converted to the parameter's dtype by the wrappers, so float32 parameters
-are updated in float32 arithmetic, like the NumPy path in ``spmdnet.optim``.
+Each body is plain Python over flat arrays, jitted explicitly; elementwise
+loops give the same bits at any thread count, so replicas stay bitwise
+identical. Scalars are converted to the parameter's dtype by the wrappers,
+so float32 parameters are updated in float32 arithmetic, like the NumPy
+path in ``spmdnet.optim`` (the reference). CuPy arrays run the same bodies
+as CUDA kernels, one thread per element.
 """
 import math
 
 import numpy as np
 
-from .. import config
 from . import _jit
 
 
 def _sgd_body(param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov,
               first):
     for i in _jit.prange(param.size):
-        g = grad[i] + weight_decay * param[i]
-        if momentum != 0:
-            b = g if first else momentum * buf[i] + one_minus_damp * g
-            buf[i] = b
-            g = g + momentum * b if nesterov else b
-        param[i] -= lr * g
+        _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay,
+                     nesterov, first)
+
+
+@_jit.njit_inline
+def _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov,
+                 first):
+    # as the xp path: no decay term at all when it is 0 (0 * inf would be NaN)
+    g = grad[i] + weight_decay * param[i] if weight_decay != 0 else grad[i]
+    if momentum != 0:
+        b = g if first else momentum * buf[i] + one_minus_damp * g
+        buf[i] = b
+        g = g + momentum * b if nesterov else b
+    param[i] -= lr * g
 
 
 def _adam_body(param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
                one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay):
     for i in _jit.prange(param.size):
-        g = grad[i] + l2 * param[i]
-        m = beta1 * exp_avg[i] + one_minus_beta1 * g
-        v = beta2 * exp_avg_sq[i] + one_minus_beta2 * (g * g)
-        exp_avg[i] = m
-        exp_avg_sq[i] = v
-        param[i] = param[i] * decay - lr_over_bc1 * m / (math.sqrt(v) / sqrt_bc2 + eps)
+        _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
+                      one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay)
 
 
-_compiled = {}
+@_jit.njit_inline
+def _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
+                  one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay):
+    g = grad[i] + l2 * param[i] if l2 != 0 else grad[i]
+    m = beta1 * exp_avg[i] + one_minus_beta1 * g
+    v = beta2 * exp_avg_sq[i] + one_minus_beta2 * (g * g)
+    exp_avg[i] = m
+    exp_avg_sq[i] = v
+    param[i] = param[i] * decay - lr_over_bc1 * m / (math.sqrt(v) / sqrt_bc2 + eps)
 
 
-def _kernel(name, body):
-    if name not in _compiled:
-        _compiled[name] = _jit.njit_serial(body)
-    return _compiled[name]
+_cpu = {"sgd": _jit.CpuKernel(_sgd_body), "adam": _jit.CpuKernel(_adam_body)}
+
+
+cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
+# the CUDA simulator swaps it inside kernels)
+
+
+def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
+    if cache:
+        return cache[0]
+    global cuda
+    cuda = _jit.cuda()
+
+    def sgd(param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov, first):
+        i = cuda.grid(1)
+        if i < param.size:
+            _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay,
+                         nesterov, first)
+
+    def adam(param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
+             one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay):
+        i = cuda.grid(1)
+        if i < param.size:
+            _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
+                          one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay)
+
+    cache.append({"sgd": _jit.cuda_jit(sgd), "adam": _jit.cuda_jit(adam)})
+    return cache[0]
 
 
 def enabled(*arrays):
-    """True when the fused kernels apply: Numba on, NumPy float arrays that
-    are C-contiguous with one dtype (anything else takes the xp path)."""
-    if config.get_choice("SPMDNET_KERNELS", {"numba", "xp"}, "numba") != "numba":
-        return False
-    if not all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays):
-        return False
-    return len({a.dtype for a in arrays}) == 1 and arrays[0].dtype.kind == "f" \
-        and _jit.available()
+    """True when the fused kernels apply: kernels on, NumPy (or CuPy with
+    numba.cuda) float32/float64 arrays of one dtype, C-contiguous; anything
+    else takes the xp path."""
+    return _jit.target(*arrays) is not None and all(a.flags.c_contiguous for a in arrays)
+
+
+def _run(name, args):
+    param = args[0]
+    if _jit.check_target("optimizer", param) == "cpu":
+        _cpu[name](*args)
+    else:
+        _jit.launch(_cuda_kernels()[name], param.size, *args, stream_of=param)
 
 
 def sgd_update(param, grad, buf, lr, momentum, dampening, weight_decay, nesterov, first):
@@ -61,9 +102,8 @@ def sgd_update(param, grad, buf, lr, momentum, dampening, weight_decay, nesterov
     momentum). Call only when ``enabled(param, grad, buf...)``."""
     t = param.dtype.type
     flat_buf = buf.reshape(-1) if buf is not None else param.reshape(-1)[:0]
-    _kernel("sgd", _sgd_body)(param.reshape(-1), grad.reshape(-1), flat_buf, t(lr),
-                              t(momentum), t(1 - dampening), t(weight_decay),
-                              bool(nesterov), bool(first))
+    _run("sgd", (param.reshape(-1), grad.reshape(-1), flat_buf, t(lr), t(momentum),
+                 t(1 - dampening), t(weight_decay), bool(nesterov), bool(first)))
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step,
@@ -72,7 +112,13 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, step,
     t = param.dtype.type
     bc1, bc2 = 1 - beta1 ** step, 1 - beta2 ** step
     l2, decay = (0.0, 1 - lr * weight_decay) if decoupled else (weight_decay, 1.0)
-    _kernel("adam", _adam_body)(
-        param.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1), exp_avg_sq.reshape(-1),
-        t(lr / bc1), t(math.sqrt(bc2)), t(beta1), t(1 - beta1), t(beta2), t(1 - beta2),
-        t(eps), t(l2), t(decay))
+    _run("adam", (param.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1),
+                  exp_avg_sq.reshape(-1), t(lr / bc1), t(math.sqrt(bc2)), t(beta1),
+                  t(1 - beta1), t(beta2), t(1 - beta2), t(eps), t(l2), t(decay)))
+
+
+def warmup(dtype):
+    """Compile the CPU kernels for ``dtype``."""
+    p, g, m, v = (np.ones(3, dtype) for _ in range(4))
+    sgd_update(p, g, m, 0.1, 0.9, 0.0, 0.0, False, True)
+    adam_update(p, g, m, v, 0.1, 0.9, 0.999, 1e-8, 1, 0.0, False)

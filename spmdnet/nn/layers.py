@@ -29,7 +29,11 @@ class Linear(Module):
 
 
 class Sequential(Module):
-    """Modules applied in order, registered as "0", "1", ..."""
+    """Modules applied in order, registered as "0", "1", ...
+
+    A ``Linear`` followed by ``ReLU``, ``GELU``, ``Tanh`` or ``Sigmoid`` runs
+    as one fused op (``F.linear(..., activation=...)``): the same values, and
+    the activation is applied in place on the product's output."""
 
     def __init__(self, *modules):
         super().__init__()
@@ -46,9 +50,27 @@ class Sequential(Module):
         return iter(self._modules.values())
 
     def forward(self, x):
-        for m in self._modules.values():
-            x = m(x)
+        modules = list(self._modules.values())
+        i = 0
+        while i < len(modules):
+            m = modules[i]
+            activation = _fusable_activation(modules[i + 1]) if (
+                type(m) is Linear and i + 1 < len(modules)) else None
+            if activation is not None:
+                x = F.linear(x, m.weight, m.bias, activation=activation)
+                i += 2
+            else:
+                x = m(x)
+                i += 1
         return x
+
+
+def _fusable_activation(module):
+    """The F.linear activation name for an activation module, else None."""
+    kind = type(module)
+    if kind is GELU:
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    return {ReLU: "relu", Tanh: "tanh", Sigmoid: "sigmoid"}.get(kind)
 
 
 class ModuleList(Module):

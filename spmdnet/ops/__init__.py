@@ -7,7 +7,7 @@ import operator
 from ..backend import xp_of
 from ..tensor import Tensor, _as_array
 from .arith import Add, Div, Mul, Neg, Pow, Sub
-from .linalg import Linear, MatMul
+from .linalg import Linear, LinearAct, MatMul
 from .nn_ops import CrossEntropy, Dropout, Embedding, LayerNorm, LogSoftmax, MSELoss, Softmax
 from .reduce import Max, Mean, Sum
 from .shape import Concatenate, Index, Reshape, Stack, Transpose
@@ -15,7 +15,7 @@ from .unary import GELU, Exp, Log, ReLU, Sigmoid, Sqrt, Tanh
 
 REGISTRY = {
     "add": Add, "sub": Sub, "mul": Mul, "div": Div, "neg": Neg, "pow": Pow,
-    "matmul": MatMul, "linear": Linear,
+    "matmul": MatMul, "linear": Linear, "linear_act": LinearAct,
     "exp": Exp, "log": Log, "sqrt": Sqrt, "tanh": Tanh, "sigmoid": Sigmoid,
     "relu": ReLU, "gelu": GELU,
     "sum": Sum, "mean": Mean, "max": Max,

@@ -1,7 +1,11 @@
-"""Matrix products: matmul (2-D and batched) and the fused linear layer."""
+"""Matrix products: matmul (2-D and batched), the linear layer, and the
+linear layer fused with its activation."""
 from ..backend import xp_of
+from ..kernels import _jit
+from ..kernels import activation as act_kernels
 from ..tensor import Function
 from ._util import unbroadcast
+from .unary import act_backward, act_forward
 
 
 def _swap(a):
@@ -36,14 +40,42 @@ class MatMul(Function):
         return ga, gb
 
 
+def buffer_for(dest, shape, dtype):
+    """``dest`` (a gradient buffer from ``Function.dest``) when a kernel may
+    write a gradient of this shape and dtype into it, else None."""
+    if dest is None or dest.shape != tuple(shape) or dest.dtype != dtype \
+            or not dest.flags.c_contiguous:
+        return None
+    return dest
+
+
+def _check_linear(x, weight):
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input shape {x.shape} does not match weight shape "
+                         f"{weight.shape} (in_features {weight.shape[1]})")
+
+
+def _linear_grads(ctx, g, gb=None):
+    """(gx, gw[, gb]) of x @ weight.T + bias from the output gradient g;
+    gb, when the caller has it already, is used as the bias gradient."""
+    need = ctx.needs_input_grad
+    gx = g @ ctx.weight if need[0] else None
+    g2 = g.reshape(-1, g.shape[-1])
+    x2 = ctx.x.reshape(-1, ctx.x.shape[-1])
+    gw = _matmul(g2.T, x2, ctx.dest(1), ctx.weight.shape) if need[1] else None
+    if len(need) == 2:
+        return gx, gw
+    if need[2] and gb is None:
+        gb = g2.sum(axis=0)
+    return gx, gw, (gb if need[2] else None)
+
+
 class Linear(Function):
     """x @ weight.T (+ bias), weight (out, in): one op so backward does three
     products and no broadcasting bookkeeping. x may have leading batch dims."""
 
     def forward(self, x, weight, *bias):
-        if x.shape[-1] != weight.shape[1]:
-            raise ValueError(f"linear: input shape {x.shape} does not match weight shape "
-                             f"{weight.shape} (in_features {weight.shape[1]})")
+        _check_linear(x, weight)
         self.x, self.weight = x, weight
         out = x @ weight.T
         if bias:
@@ -51,11 +83,36 @@ class Linear(Function):
         return out
 
     def backward(self, g):
-        need = self.needs_input_grad
-        gx = g @ self.weight if need[0] else None
-        g2 = g.reshape(-1, g.shape[-1])
-        x2 = self.x.reshape(-1, self.x.shape[-1])
-        gw = _matmul(g2.T, x2, self.dest(1), self.weight.shape) if need[1] else None
-        if len(need) == 2:
-            return gx, gw
-        return gx, gw, (g2.sum(axis=0) if need[2] else None)
+        return _linear_grads(self, g)
+
+
+class LinearAct(Function):
+    """activation(x @ weight.T + bias) as one op (relu, gelu, gelu_tanh, tanh,
+    sigmoid). With kernels on, bias and activation are one pass in place over
+    the product's fresh output (``kernels.activation.FUSED_FORWARD``), and
+    backward's one pass gives both the gradient before the activation and the
+    bias gradient, written straight into a gradient buffer when there is one
+    (``FUSED_BACKWARD``). Otherwise: the xp ops' math, the same values."""
+
+    def forward(self, x, weight, *bias, activation="relu"):
+        _check_linear(x, weight)
+        self.x, self.weight, self.activation = x, weight, activation
+        h = x @ weight.T
+        b = bias[0] if bias else None
+        if activation in act_kernels.FUSED_FORWARD and _jit.target(h, b) is not None:
+            out, self.saved = act_kernels.forward(h, b, activation, inplace=True)
+        else:
+            if b is not None:
+                h += b
+            out, self.saved = act_forward(activation, h)
+        return out
+
+    def backward(self, g):
+        need, name = self.needs_input_grad, self.activation
+        want_gb = len(need) == 3 and need[2]
+        if name in act_kernels.FUSED_BACKWARD and _jit.target(g) is not None:
+            dest = buffer_for(self.dest(2), g.shape[-1:], g.dtype) if want_gb else None
+            gh, gb = act_kernels.backward(g, self.saved, name, bias_grad=want_gb,
+                                          bias_out=dest)
+            return _linear_grads(self, gh, gb)
+        return _linear_grads(self, act_backward(name, g, self.saved))

@@ -1,8 +1,17 @@
-"""Elementwise functions: exp, log, sqrt, tanh, sigmoid, relu, gelu."""
+"""Elementwise functions: exp, log, sqrt, tanh, sigmoid, relu, gelu.
+
+relu, gelu, tanh and sigmoid are activations: their plain-xp math is written
+once, in ``act_forward`` and ``act_backward`` (the reference of the kernels
+in ``spmdnet.kernels.activation``), for these ops and for the fused linear
+layer (``ops.linalg.LinearAct``). With kernels on, the ops run the kernels
+where those measured at least 2x faster (``kernels.activation.FORWARD``,
+``BACKWARD``); both sides save the same things, so they mix freely.
+"""
 import math
 
 from ..backend import xp_of
-from ..kernels import erf
+from ..kernels import _jit, erf
+from ..kernels import activation as act_kernels
 from ..tensor import Function
 
 
@@ -33,56 +42,83 @@ class Sqrt(Function):
         return g / (2 * self.out)
 
 
-class Tanh(Function):
-    def forward(self, a):
-        self.out = xp_of(a).tanh(a)
-        return self.out
-
-    def backward(self, g):
-        return g * (1 - self.out * self.out)
-
-
-class Sigmoid(Function):
-    def forward(self, a):
-        xp = xp_of(a)
-        # 0.5 * (1 + tanh(a/2)) never overflows, unlike 1 / (1 + exp(-a))
-        self.out = 0.5 * (1 + xp.tanh(0.5 * a))
-        return self.out
-
-    def backward(self, g):
-        return g * self.out * (1 - self.out)
-
-
-class ReLU(Function):
-    def forward(self, a):
-        self.out = xp_of(a).maximum(a, 0)
-        return self.out
-
-    def backward(self, g):
-        return g * (self.out > 0)
-
-
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-class GELU(Function):
+def act_forward(name, a):
+    """``(out, saved)``: activation ``name`` of a, and what ``act_backward``
+    needs. relu is max(a, 0); gelu is a·Φ(a), exact (erf) or PyTorch's tanh
+    approximation ("gelu_tanh"); sigmoid is 0.5·(1 + tanh(a/2)), which never
+    overflows, unlike 1 / (1 + exp(-a))."""
+    xp = xp_of(a)
+    if name == "relu":
+        out = xp.maximum(a, 0)
+        return out, out
+    if name == "tanh":
+        out = xp.tanh(a)
+        return out, out
+    if name == "sigmoid":
+        out = 0.5 * (1 + xp.tanh(0.5 * a))
+        return out, out
+    if name == "gelu_tanh":
+        t = xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a ** 3))
+        return 0.5 * a * (1 + t), (a, t)
+    assert name == "gelu", name
+    cdf = 0.5 * (1 + erf(a * _INV_SQRT_2))
+    return a * cdf, (a, cdf)
+
+
+def act_backward(name, g, saved):
+    """The gradient before activation ``name``, given ``act_forward``'s saved."""
+    if name == "relu":
+        return g * (saved > 0)
+    if name == "tanh":
+        return g * (1 - saved * saved)
+    if name == "sigmoid":
+        return g * saved * (1 - saved)
+    a, aux = saved
+    if name == "gelu_tanh":
+        dt = (1 - aux * aux) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
+        return g * (0.5 * (1 + aux) + 0.5 * a * dt)
+    pdf = _INV_SQRT_2PI * xp_of(a).exp(-0.5 * a * a)
+    return g * (aux + a * pdf)
+
+
+class _Activation(Function):
+    """One activation; kernels where ``kernels.activation`` lists them."""
+
+    name = None
+
+    def forward(self, a):
+        if self.name in act_kernels.FORWARD and _jit.target(a) is not None:
+            out, self.saved = act_kernels.forward(a, None, self.name)
+        else:
+            out, self.saved = act_forward(self.name, a)
+        return out
+
+    def backward(self, g):
+        if self.name in act_kernels.BACKWARD and _jit.target(g) is not None:
+            return act_kernels.backward(g, self.saved, self.name)[0]
+        return act_backward(self.name, g, self.saved)
+
+
+class ReLU(_Activation):
+    name = "relu"
+
+
+class Tanh(_Activation):
+    name = "tanh"
+
+
+class Sigmoid(_Activation):
+    name = "sigmoid"
+
+
+class GELU(_Activation):
     """x·Φ(x), exact (erf) or PyTorch's tanh approximation."""
 
     def forward(self, a, approximate="none"):
-        xp = xp_of(a)
-        self.a, self.approximate = a, approximate
-        if approximate == "tanh":
-            self.t = xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a ** 3))
-            return 0.5 * a * (1 + self.t)
-        self.cdf = 0.5 * (1 + erf(a * _INV_SQRT_2))
-        return a * self.cdf
-
-    def backward(self, g):
-        xp, a = xp_of(self.a), self.a
-        if self.approximate == "tanh":
-            dt = (1 - self.t * self.t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
-            return g * (0.5 * (1 + self.t) + 0.5 * a * dt)
-        pdf = _INV_SQRT_2PI * xp.exp(-0.5 * a * a)
-        return g * (self.cdf + a * pdf)
+        self.name = "gelu_tanh" if approximate == "tanh" else "gelu"
+        return super().forward(a)

@@ -1,0 +1,166 @@
+"""Softmax cross-entropy over logits (N, C) and integer labels (N,),
+forward and backward, each one pass over the logits.
+
+Forward keeps the softmax (N, C), as the reference keeps log-probabilities;
+backward is then ``(softmax - onehot) * scale`` in one pass. The plain-xp
+reference is ``spmdnet.ops.nn_ops.CrossEntropy``.
+
+The op uses these kernels for logits of up to ``OP_MAX_SIZE`` elements,
+where benchmarks/kernels.py measured forward and backward together at least
+2x faster (256x10: 2.4x). Larger logits make the forward exp-bound, and
+NumPy's AVX-512 exp loop outruns special.exp (LLVM vectorises 8 wide): the
+pair then gains only 1.4-1.7x (1.5x at 256x32000).
+"""
+import math
+
+import numpy as np
+
+from . import _jit, reduce, special
+
+OP_MAX_SIZE = 1 << 14
+
+
+def _forward(x, labels, losses, probs, c):
+    """probs[i] = softmax(x[i]); losses[i] = log(s) - (x[i, labels[i]] - m)
+    with m = max(x[i]) and s = sum(exp(x[i] - m))."""
+    zero, one, neg_inf = c[0], c[1], c[2]
+    for i in range(x.shape[0]):
+        m = reduce.row_max(x, i, neg_inf)
+        for j in range(x.shape[1]):
+            probs[i, j] = special.exp(x[i, j] - m)
+        s = reduce.row_sum(probs, i, zero)
+        inv = one / s
+        for j in range(x.shape[1]):
+            probs[i, j] *= inv
+        losses[i] = math.log(s) - (x[i, labels[i]] - m)
+
+
+def _backward(probs, labels, scale, grad, c):
+    """grad[i] = (probs[i] - onehot(labels[i])) * scale[i]."""
+    one = c[1]
+    for i in _jit.prange(probs.shape[0]):
+        s = scale[i]
+        for j in range(probs.shape[1]):
+            grad[i, j] = probs[i, j] * s
+        k = labels[i]
+        grad[i, k] = (probs[i, k] - one) * s
+
+
+_cpu = {"forward": _jit.CpuKernel(_forward), "backward": _jit.CpuKernel(_backward)}
+
+
+cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
+# the CUDA simulator swaps it inside kernels)
+
+
+def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
+    if cache:
+        return cache[0]
+    global cuda
+    cuda, threads = _jit.cuda(), reduce.THREADS
+    block_sum, block_max = reduce.cuda_block_helpers()
+    f64 = _jit.numba.float64
+
+    def forward(x, labels, losses, probs, c):  # one block per row
+        i, t = cuda.blockIdx.x, cuda.threadIdx.x
+        buf = cuda.shared.array(threads, f64)
+        m = c[2]
+        for j in range(t, x.shape[1], threads):
+            if x[i, j] > m:
+                m = x[i, j]
+        m = block_max(buf, t, m)
+        s = 0.0
+        for j in range(t, x.shape[1], threads):
+            e = special.exp(x[i, j] - m)
+            probs[i, j] = e
+            s += e
+        s = block_sum(buf, t, s)
+        for j in range(t, x.shape[1], threads):
+            probs[i, j] /= s
+        if t == 0:
+            losses[i] = math.log(s) - (x[i, labels[i]] - m)
+
+    def backward(probs, labels, scale, grad, c):
+        k = cuda.grid(1)
+        if k < probs.size:
+            i, j = k // probs.shape[1], k % probs.shape[1]
+            p = probs[i, j]
+            if j == labels[i]:
+                p -= c[1]
+            grad[i, j] = p * scale[i]
+
+    cache.append({"forward": _jit.cuda_jit(forward), "backward": _jit.cuda_jit(backward)})
+    return cache[0]
+
+
+_CONSTANTS = {}
+
+
+def _constants(dtype):
+    if dtype not in _CONSTANTS:
+        _CONSTANTS[dtype] = tuple(dtype.type(v) for v in (0.0, 1.0, -np.inf))
+    return _CONSTANTS[dtype]
+
+
+def _check_labels(logits, labels):
+    n, classes = logits.shape
+    if labels.shape != (n,) or labels.dtype.kind not in "iu" or (
+            isinstance(logits, np.ndarray) != isinstance(labels, np.ndarray)):
+        raise TypeError(f"cross-entropy kernels: labels must be integers of shape ({n},) "
+                        f"and the logits' array kind, got {type(labels).__name__} "
+                        f"{labels.shape} of {labels.dtype}")
+    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise ValueError(f"cross-entropy kernels: labels out of range [0, {classes})")
+
+
+def forward(logits, labels, check=True):
+    """``(losses, probs)``: the per-row losses (N,) and the softmax (N, C),
+    which ``backward`` needs. ``check=False`` skips the labels' range check
+    (for callers that made it already: an index out of range is undefined)."""
+    where = _jit.check_target("cross-entropy", logits)
+    if logits.ndim != 2:
+        raise ValueError(f"cross-entropy kernels: logits must be (N, C), got {logits.shape}")
+    n, classes = logits.shape
+    if check:
+        _check_labels(logits, labels)
+    xp = _jit.xp_for(logits)
+    losses, probs = xp.empty(n, logits.dtype), xp.empty(logits.shape, logits.dtype)
+    if logits.size == 0:
+        if n:
+            raise ValueError("cross-entropy kernels: logits with 0 classes")
+        return losses, probs
+    x = logits if logits.flags.c_contiguous else xp.ascontiguousarray(logits)
+    c = _constants(x.dtype)
+    if where == "cpu":
+        _cpu["forward"](x, labels, losses, probs, c)
+    else:
+        _jit.launch_rows(_cuda_kernels()["forward"], n, x, labels, losses, probs, c,
+                         stream_of=x, threads=reduce.THREADS)
+    return losses, probs
+
+
+def backward(probs, labels, scale):
+    """d(sum_i scale[i] * loss_i)/d logits = (probs - onehot) * scale[:, None],
+    from ``forward``'s probs (labels as given to forward: not checked again)."""
+    where = _jit.check_target("cross-entropy", probs, scale)
+    if probs.ndim != 2 or scale.shape != probs.shape[:1] or labels.shape != scale.shape:
+        raise ValueError(f"cross-entropy kernels: probs {probs.shape}, labels "
+                         f"{labels.shape}, scale {scale.shape} do not fit")
+    xp = _jit.xp_for(probs)
+    grad = xp.empty(probs.shape, probs.dtype)
+    if grad.size == 0:
+        return grad
+    scale = scale if scale.flags.c_contiguous else xp.ascontiguousarray(scale)
+    args = (probs, labels, scale, grad, _constants(probs.dtype))
+    if where == "cpu":
+        _cpu["backward"](*args)
+    else:
+        _jit.launch(_cuda_kernels()["backward"], grad.size, *args, stream_of=probs)
+    return grad
+
+
+def warmup(dtype):
+    """Compile the CPU kernels for ``dtype`` (int64 labels)."""
+    x, labels = np.zeros((2, 3), dtype), np.zeros(2, np.int64)
+    losses, probs = forward(x, labels)
+    backward(probs, labels, losses)

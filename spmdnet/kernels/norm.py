@@ -1,0 +1,225 @@
+"""Layer normalisation over the last axis, forward and backward, one pass
+over each row (plus reductions that stay in the L1 cache).
+
+Forward saves the row means and reciprocal standard deviations (N,), not
+the normalised input (N, D); backward recomputes it from the input. The
+weight and bias gradients accumulate row by row (deterministic). The
+plain-xp reference is ``spmdnet.ops.nn_ops.LayerNorm``.
+"""
+import math
+
+import numpy as np
+
+from . import _jit, reduce
+
+
+def _forward(x, weight, bias, out, mean, rstd, c):
+    """out = (x - mean) * rstd * weight + bias per row (weight/bias may be
+    empty); c = (0, 1, D, eps) in x's dtype."""
+    affine = weight.shape[0] > 0
+    zero, one, d, eps = c
+    for i in _jit.prange(x.shape[0]):
+        mu = reduce.row_sum(x, i, zero) / d
+        for j in range(x.shape[1]):
+            out[i, j] = x[i, j] - mu
+        r = one / math.sqrt(reduce.row_dot(out, i, out, i, zero) / d + eps)
+        mean[i] = mu
+        rstd[i] = r
+        if affine:
+            for j in range(x.shape[1]):
+                out[i, j] = out[i, j] * r * weight[j] + bias[j]
+        else:
+            for j in range(x.shape[1]):
+                out[i, j] = out[i, j] * r
+
+
+def _backward(g, x, weight, mean, rstd, gx, gw, gb, xhat, c):
+    """gx of the layer norm; gw = sum of g * xhat and gb = sum of g over
+    rows (unless empty). xhat is a (1, D) scratch row; c as in _forward."""
+    affine = weight.shape[0] > 0
+    want_w, want_b = gw.shape[0] > 0, gb.shape[0] > 0
+    zero, d = c[0], c[2]
+    for j in range(gw.shape[0]):
+        gw[j] = zero
+    for j in range(gb.shape[0]):
+        gb[j] = zero
+    for i in range(x.shape[0]):  # serial: gw and gb accumulate in row order
+        mu, r = mean[i], rstd[i]
+        for j in range(x.shape[1]):
+            xh = (x[i, j] - mu) * r
+            xhat[0, j] = xh
+            gx[i, j] = g[i, j] * weight[j] if affine else g[i, j]
+            if want_w:
+                gw[j] += g[i, j] * xh
+            if want_b:
+                gb[j] += g[i, j]
+        a = reduce.row_sum(gx, i, zero) / d
+        b = reduce.row_dot(gx, i, xhat, 0, zero) / d
+        for j in range(x.shape[1]):
+            gx[i, j] = r * (gx[i, j] - a - xhat[0, j] * b)
+
+
+_cpu = {"forward": _jit.CpuKernel(_forward), "backward": _jit.CpuKernel(_backward)}
+
+
+cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
+# the CUDA simulator swaps it inside kernels)
+
+
+def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
+    if cache:
+        return cache[0]
+    global cuda
+    cuda, threads = _jit.cuda(), reduce.THREADS
+    block_sum = reduce.cuda_block_helpers()[0]
+    f64 = _jit.numba.float64
+
+    def forward(x, weight, bias, out, mean, rstd, c):  # one block per row
+        i, t, eps = cuda.blockIdx.x, cuda.threadIdx.x, c[3]
+        buf = cuda.shared.array(threads, f64)
+        d = x.shape[1]
+        s = 0.0
+        for j in range(t, d, threads):
+            s += x[i, j]
+        mu = block_sum(buf, t, s) / d
+        s = 0.0
+        for j in range(t, d, threads):
+            s += (x[i, j] - mu) * (x[i, j] - mu)
+        r = 1.0 / math.sqrt(block_sum(buf, t, s) / d + eps)
+        for j in range(t, d, threads):
+            v = (x[i, j] - mu) * r
+            out[i, j] = v * weight[j] + bias[j] if weight.shape[0] > 0 else v
+        if t == 0:
+            mean[i] = mu
+            rstd[i] = r
+
+    def backward_rows(g, x, weight, mean, rstd, gx):  # one block per row
+        i, t = cuda.blockIdx.x, cuda.threadIdx.x
+        buf = cuda.shared.array(threads, f64)
+        d = x.shape[1]
+        mu, r = mean[i], rstd[i]
+        sa = sb = 0.0
+        for j in range(t, d, threads):
+            gh = g[i, j] * weight[j] if weight.shape[0] > 0 else g[i, j]
+            gx[i, j] = gh
+            sa += gh
+            sb += gh * (x[i, j] - mu) * r
+        a = block_sum(buf, t, sa) / d
+        b = block_sum(buf, t, sb) / d
+        for j in range(t, d, threads):
+            gx[i, j] = r * (gx[i, j] - a - (x[i, j] - mu) * r * b)
+
+    def backward_params(g, x, mean, rstd, gw, gb):  # one thread per column, rows in order
+        j = cuda.grid(1)
+        if j < x.shape[1]:
+            sw = sb = 0.0
+            for i in range(x.shape[0]):
+                sw += g[i, j] * ((x[i, j] - mean[i]) * rstd[i])
+                sb += g[i, j]
+            if gw.shape[0] > 0:
+                gw[j] = sw
+            if gb.shape[0] > 0:
+                gb[j] = sb
+
+    cache.append({"forward": _jit.cuda_jit(forward), "backward_rows": _jit.cuda_jit(backward_rows),
+                  "backward_params": _jit.cuda_jit(backward_params)})
+    return cache[0]
+
+
+def _constants(dtype, d, eps):
+    return tuple(dtype.type(v) for v in (0.0, 1.0, d, eps))
+
+
+def _rows(xp, a):
+    a = a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+    return a.reshape(-1, a.shape[-1])
+
+
+def _affine(xp, x, weight, bias):
+    if (weight is None) != (bias is None):
+        raise ValueError("layer_norm kernels: give both weight and bias, or neither")
+    if weight is None:
+        empty = xp.empty(0, x.dtype)
+        return empty, empty
+    if weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
+        raise ValueError(f"layer_norm kernels: weight {weight.shape} and bias {bias.shape} "
+                         f"must match the last axis of the input {x.shape}")
+    return xp.ascontiguousarray(weight), xp.ascontiguousarray(bias)
+
+
+def forward(x, weight=None, bias=None, eps=1e-5):
+    """``(out, mean, rstd)`` of layer norm over the last axis; mean and rstd
+    have x's shape without its last axis."""
+    where = _jit.check_target("layer_norm", x, weight, bias)
+    if x.ndim == 0:
+        raise ValueError("layer_norm kernels: the input needs at least one axis")
+    xp = _jit.xp_for(x)
+    w, b = _affine(xp, x, weight, bias)
+    out = xp.empty(x.shape, x.dtype)
+    mean, rstd = xp.empty(x.shape[:-1], x.dtype), xp.empty(x.shape[:-1], x.dtype)
+    if x.size == 0:
+        return out, mean, rstd
+    x2 = _rows(xp, x)
+    args = (x2, w, b, out.reshape(x2.shape), mean.reshape(-1), rstd.reshape(-1),
+            _constants(x.dtype, x.shape[-1], eps))
+    if where == "cpu":
+        _cpu["forward"](*args)
+    else:
+        _jit.launch_rows(_cuda_kernels()["forward"], x2.shape[0], *args, stream_of=x,
+                         threads=reduce.THREADS)
+    return out, mean, rstd
+
+
+def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_out=None,
+             bias_out=None):
+    """``(gx, gw, gb)`` from ``forward``'s mean and rstd; gw and gb (None
+    unless wanted, or without a weight) are written into ``weight_out`` and
+    ``bias_out`` when given (gradient buffers)."""
+    where = _jit.check_target("layer_norm", g, x, weight, mean, rstd)
+    if g.shape != x.shape or mean.shape != x.shape[:-1] or rstd.shape != mean.shape:
+        raise ValueError(f"layer_norm kernels: gradient {g.shape}, input {x.shape}, mean "
+                         f"{mean.shape}, rstd {rstd.shape} do not fit")
+    xp = _jit.xp_for(x)
+    d = x.shape[-1]
+    w = xp.empty(0, x.dtype) if weight is None else xp.ascontiguousarray(weight)
+    if weight is not None and w.shape != (d,):
+        raise ValueError(f"layer_norm kernels: weight {weight.shape} != ({d},)")
+    affine = weight is not None
+
+    def param_grad(wanted, dest):
+        if not (affine and wanted):
+            return None
+        if dest is not None and (dest.shape != (d,) or not dest.flags.c_contiguous):
+            raise ValueError(f"layer_norm kernels: gradient buffer {dest.shape} != ({d},)")
+        return dest if dest is not None else xp.empty(d, x.dtype)
+
+    gw, gb = param_grad(want_weight, weight_out), param_grad(want_bias, bias_out)
+    gx = xp.empty(x.shape, x.dtype)
+    if x.size == 0:
+        for p in (gw, gb):
+            if p is not None:
+                p[...] = 0
+        return gx, gw, gb
+    empty = xp.empty(0, x.dtype)
+    g2, x2, gx2 = _rows(xp, g), _rows(xp, x), gx.reshape(-1, d)
+    m1, r1 = xp.ascontiguousarray(mean).reshape(-1), xp.ascontiguousarray(rstd).reshape(-1)
+    gw1 = gw if gw is not None else empty
+    gb1 = gb if gb is not None else empty
+    if where == "cpu":
+        _cpu["backward"](g2, x2, w, m1, r1, gx2, gw1, gb1, np.empty((1, d), x.dtype),
+                         _constants(x.dtype, d, 0.0))
+    else:
+        kernels = _cuda_kernels()
+        _jit.launch_rows(kernels["backward_rows"], x2.shape[0], g2, x2, w, m1, r1, gx2,
+                         stream_of=x, threads=reduce.THREADS)
+        if gw is not None or gb is not None:
+            _jit.launch(kernels["backward_params"], d, g2, x2, m1, r1, gw1, gb1, stream_of=x)
+    return gx, gw, gb
+
+
+def warmup(dtype):
+    """Compile the CPU kernels for ``dtype`` (affine and not)."""
+    x, w = np.ones((2, 3), dtype), np.ones(3, dtype)
+    for weight in (w, None):
+        out, mean, rstd = forward(x, weight, None if weight is None else w)
+        backward(out, x, weight, mean, rstd)
