@@ -27,6 +27,7 @@ import numpy as np
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import data, dist, nn, optim, parallel
+from spmdnet.bench import StepProfiler
 
 REFERENCE_BATCH = 256  # lr is given for this global batch and scaled linearly
 
@@ -49,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--plot", help="write loss/accuracy curves to this PNG (needs matplotlib)")
     p.add_argument("--min-accuracy", type=float, default=0.95)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--profile", action="store_true",
+                   help="print every rank's per-step time breakdown at the end")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
     p.add_argument("--micro-batches", type=int, default=4, help="per step, with --pp > 1")
@@ -111,16 +114,20 @@ class Net:
         self.pipe = parallel.Pipeline(self.ddp, mesh.pp, args.micro_batches) \
             if mesh.pp_size > 1 else None
 
-    def train_step(self, x, y, opt):
+    def train_step(self, x, y, opt, prof):
         """One optimisation step; returns the loss (the same on a pipeline's ranks)."""
         opt.zero_grad()
         if self.pipe is not None:
             loss = self.pipe.train_step(x, y, F.cross_entropy)
+            prof.mark("backward")  # the pipeline interleaves forward and backward
         else:
             out = F.cross_entropy(self.ddp(sn.Tensor(x)), y)
+            prof.mark("forward")
             out.backward()
+            prof.mark("backward")
             loss = out.item()
         opt.step()
+        prof.mark("optimizer")
         return loss
 
     def __call__(self, x):  # evaluation: logits of the whole model
@@ -177,6 +184,7 @@ class Run:
         self.loader, self.mesh = loader, mesh
         self.step, self.epoch, self.resumed = 0, 0, False
         self.stop = dist.StopSignal() if args.checkpoint_dir else None
+        self.prof = StepProfiler(net.ddp, loader, enabled=args.profile)
 
     def save(self, epoch, batches_done):
         """Checkpoint with the sampler at the next unread batch."""
@@ -236,10 +244,12 @@ def train_epoch(run, epoch):
     progress = Progress(epoch, len(loader) + first)
     t0, losses, samples = time.perf_counter(), [], 0
     for batch, (x, y) in enumerate(loader, first + 1):
-        losses.append(run.net.train_step(x, y, run.opt))
+        run.prof.begin()
+        losses.append(run.net.train_step(x, y, run.opt, run.prof))
         run.sched.step()
         samples += len(y) * run.mesh.dp_size
         progress.update(batch, samples, losses[-1])
+        run.prof.end()
         if run.after_step(epoch, batch):
             progress.close()
             return None
@@ -304,6 +314,7 @@ def main(argv=None):
                     f"({val['count']} samples)  {rate:.0f} samples/s")
     if args.checkpoint_dir:
         run.save(args.epochs, 0)
+    run.prof.print_report()  # collective; a no-op without --profile
     final = finish(args, history, net, mesh, test_set, loader, train_s, run.resumed)
     if final["accuracy"] < args.min_accuracy:
         dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")

@@ -42,3 +42,11 @@ def test_tensor_parallel_demo_matches_dense():
     code, out, err, _ = run_mpi(2, ROOT / "examples/tensor_parallel_mlp.py", timeout=120)
     assert code == 0, err
     assert "matches the dense block" in out
+
+
+def test_train_mlp_profile_prints_the_breakdown(tmp_path):
+    code, out, err, _ = run_mpi(2, ROOT / "examples/train_mlp.py", "--epochs", "2",
+                                "--profile", "--min-accuracy", "0", "--data-dir", tmp_path,
+                                "--metrics", tmp_path / "m.jsonl", timeout=300)
+    assert code == 0, err
+    assert "step breakdown on 2 ranks" in out and "T(N) = parallel" in out
