@@ -49,8 +49,9 @@ class Watchdog(threading.Thread):
             if waited > self.limit_s and self.reported != pending["seq"]:
                 self.reported = pending["seq"]
                 self._emit(self._report(pending, waited), "stalled")
-            if waited > self.abort_s:
-                self._emit(self._report(pending, waited), "aborting the job")
+            if waited > self.abort_s:  # the stall report above named the late ranks
+                self._emit([f"{pending['op']} #{pending['seq']} on {pending['comm']} has "
+                            f"waited {waited:.1f} s at {pending['site']}"], "aborting the job")
                 from mpi4py import MPI  # noqa: PLC0415
                 MPI.COMM_WORLD.Abort(1)
 
