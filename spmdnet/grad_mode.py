@@ -1,0 +1,59 @@
+"""Global modes of the autograd: the default floating dtype and whether
+operations record a graph (``no_grad``). Thread-local grad mode, as in
+PyTorch, so a data-loader thread never switches it for the training loop.
+"""
+import threading
+
+import numpy as np
+
+_default_dtype = [np.dtype(np.float32)]
+_grad_mode = threading.local()  # thread-local, as in PyTorch
+
+
+def set_default_dtype(dtype):
+    """Set the floating dtype given to Python lists/scalars and new parameters."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise TypeError(f"default dtype must be floating point, got {dtype}")
+    _default_dtype[0] = dtype
+
+
+def get_default_dtype():
+    """The floating dtype for new parameters and tensors built from lists."""
+    return _default_dtype[0]
+
+
+def is_grad_enabled():
+    """False inside ``no_grad()``."""
+    return getattr(_grad_mode, "enabled", True)
+
+
+class _GradMode:
+    """Context manager (and decorator) switching graph recording."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def __enter__(self):
+        self.prev = is_grad_enabled()
+        _grad_mode.enabled = self.enabled
+
+    def __exit__(self, *exc):
+        _grad_mode.enabled = self.prev
+
+    def __call__(self, fn):
+        def wrapper(*args, **kwargs):
+            with _GradMode(self.enabled):
+                return fn(*args, **kwargs)
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        return wrapper
+
+
+def no_grad():
+    """Record no graph inside ``with no_grad():`` (or a decorated function)."""
+    return _GradMode(False)
+
+
+def enable_grad():
+    """Record the graph again inside a ``no_grad`` region."""
+    return _GradMode(True)
