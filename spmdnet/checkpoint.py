@@ -36,7 +36,7 @@ def _h5py():
 
 
 def _comm(comm):
-    from . import dist  # noqa: PLC0415
+    from . import distributed as dist  # noqa: PLC0415
     return dist.comm_or_default(comm)
 
 

@@ -26,7 +26,7 @@ from .ops import (
     sqrt,
     tanh,
 )
-from .tensor import Tensor
+from ._tensor import Tensor
 
 __all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "exp", "log", "sqrt", "matmul",
            "softmax", "log_softmax", "cross_entropy", "mse_loss", "dropout", "layer_norm",

@@ -27,6 +27,6 @@ def run_mpi(n, script, *args, timeout=60, env=None):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=ROOT)
     finally:  # aborted jobs leave MPICH shared-memory segments in /dev/shm
-        from spmdnet.dist.slurm import clean_stale_mpich_segments
+        from spmdnet.distributed.slurm import clean_stale_mpich_segments
         clean_stale_mpich_segments()
     return proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from gradcheck import gradcheck
+from spmdnet.autograd import gradcheck
 
 import spmdnet as sn
 import spmdnet.functional as F

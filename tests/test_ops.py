@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from gradcheck import gradcheck
+from spmdnet.autograd import gradcheck
 
 import spmdnet as sn
 import spmdnet.functional as F

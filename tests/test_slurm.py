@@ -1,4 +1,4 @@
-"""The job scripts in jobs/ on a real Slurm, and spmdnet.dist.slurm.
+"""The job scripts in jobs/ on a real Slurm, and spmdnet.distributed.slurm.
 
 The `slurm` tests start the one-node Slurm of jobs/local-slurm (installing Debian's
 slurm-wlm and munge when missing), submit jobs/train_mlp_cpu.sbatch and
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from launch import ROOT
 
-from spmdnet.dist import slurm as sl
+from spmdnet.distributed import slurm as sl
 
 LOCAL_SLURM = ROOT / "jobs" / "local-slurm"
 CANNOT_START = 77  # start.sh's exit code when Slurm cannot be provided here
 
 
-# -- spmdnet.dist.slurm, no Slurm needed --------------------------------------------------
+# -- spmdnet.distributed.slurm, no Slurm needed --------------------------------------------------
 def test_describe_job_outside_slurm_is_none():
     assert sl.describe_job(env={"PATH": "/bin"}) is None
 

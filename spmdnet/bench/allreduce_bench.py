@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .. import dist
+from .. import distributed as dist
 from . import alphabeta, report
 
 GB = 1e9

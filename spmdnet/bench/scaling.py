@@ -270,7 +270,7 @@ def run_step(launcher, n, step_arguments, path, timeout):
 
 
 def run(args):
-    from ..dist.world import rank_label  # noqa: PLC0415 - reads the launcher's env only
+    from ..distributed.world import rank_label  # noqa: PLC0415 - reads the launcher's env only
     if args.from_dir is None and launched_size() > 1:
         if rank_label() in (0, "?"):
             print("bench scaling launches its own MPI runs: start it as one process "

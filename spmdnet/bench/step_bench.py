@@ -17,7 +17,7 @@ import numpy as np
 import spmdnet as sn
 import spmdnet.functional as F
 
-from .. import data, dist, nn, optim, parallel
+from .. import data, distributed as dist, nn, optim, parallel
 from . import report
 from .timers import PHASES, StepProfiler
 

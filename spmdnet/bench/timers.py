@@ -130,7 +130,7 @@ class StepProfiler:
         summary to rank 0, which gets a Breakdown (others get None)."""
         if not self.enabled:
             return None
-        from ..dist import comm_or_default  # noqa: PLC0415 - MPI only when gathering
+        from ..distributed import comm_or_default  # noqa: PLC0415 - MPI only when gathering
         comm = comm_or_default(self.comm)
         rows = comm.gather(self.summary(), root=0)
         return Breakdown(rows) if comm.Get_rank() == 0 else None

@@ -17,7 +17,7 @@ DIGITS_NPZ = Path(__file__).with_name("digits.npz")
 
 def write_hdf5(path, x, y, comm=None, chunk_rows=None):
     """Write ``x`` and ``y`` to ``path`` atomically (rank 0), then barrier."""
-    from .. import dist  # noqa: PLC0415
+    from .. import distributed as dist  # noqa: PLC0415
     comm = dist.comm_or_default(comm)
     if comm.Get_rank() == 0:
         _write_atomically(path, lambda f: _fill(f, x, y, chunk_rows))
@@ -131,7 +131,7 @@ def make_synthetic(out_path, n, features=784, classes=10, seed=0, comm=None):
     """A synthetic HDF5 file of any size, generated and written 16,384 rows at a
     time (for n <= 16,384 exactly ``synthetic(n, ...)``); ``x`` is
     stored contiguous, the fastest layout for shuffled reads."""
-    from .. import dist  # noqa: PLC0415
+    from .. import distributed as dist  # noqa: PLC0415
     comm = dist.comm_or_default(comm)
     rows = 16384
 

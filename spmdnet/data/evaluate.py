@@ -9,7 +9,8 @@ import numpy as np
 
 from .. import functional as F
 from ..backend import asnumpy, upload
-from ..tensor import Tensor, no_grad
+from .._tensor import Tensor
+from ..autograd import no_grad
 
 
 def shard_indices(n, rank, size):
@@ -25,8 +26,8 @@ def evaluate(model, dataset, batch_size=1024, comm=None, to_device=None):
     that share a data-parallel rank (a tensor-parallel group) evaluate the
     same samples. ``to_device`` maps a host batch to the model's device
     (default: the rank's device, as the DataLoader does)."""
-    from .. import dist  # noqa: PLC0415
-    from ..dist.world import _state  # noqa: PLC0415
+    from .. import distributed as dist  # noqa: PLC0415
+    from ..distributed.world import _state  # noqa: PLC0415
     comm = dist.comm_or_default(comm)
     if to_device is None and _state["world"] is not None and _state["world"].device == "gpu":
         to_device = upload

@@ -35,7 +35,7 @@ SIEVE_BYTES = 4096  # HDF5's data sieve buffer per open file (default 64 KiB); s
 
 
 def _rank():
-    from ..dist.world import rank_label  # noqa: PLC0415
+    from ..distributed.world import rank_label  # noqa: PLC0415
     return rank_label()
 
 

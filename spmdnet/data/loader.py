@@ -62,7 +62,7 @@ class DataLoader:
     def _device(self):
         if self.device is not None:
             return self.device
-        from ..dist.world import _state  # noqa: PLC0415 - the rank's bound device, if any
+        from ..distributed.world import _state  # noqa: PLC0415 - the rank's bound device, if any
         return _state["world"].device if _state["world"] is not None else "cpu"
 
     def _load(self, index, device):

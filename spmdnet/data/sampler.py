@@ -27,7 +27,7 @@ def _world(num_replicas, rank, comm):
     if num_replicas is not None and rank is not None:
         return num_replicas, rank
     if comm is None:
-        from .. import dist  # noqa: PLC0415 - only when the world is needed
+        from .. import distributed as dist  # noqa: PLC0415 - only when the world is needed
         comm = dist.comm_or_default()
     return (comm.Get_size() if num_replicas is None else num_replicas,
             comm.Get_rank() if rank is None else rank)

@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from .._tensor import get_default_dtype
 from . import _jit, activation, embedding, loss, norm, optim_kernels
 from ._jit import cache_dir, compile_in_order, compile_seconds
 from .special import erf_array as erf
@@ -45,7 +46,6 @@ def warmup(dtypes=None, comm=None):
     other host, then the rest, which load from the cache
     (``compile_in_order``); every rank of ``comm`` must call this then."""
     if dtypes is None:
-        from ..tensor import get_default_dtype  # noqa: PLC0415 - tensor imports ops, ops us
         dtypes = [get_default_dtype()]
     if not _jit.kernels_on():
         return 0.0

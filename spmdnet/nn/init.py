@@ -2,7 +2,7 @@
 import math
 
 from ..random import generator
-from ..tensor import get_default_dtype
+from .._tensor import get_default_dtype
 
 
 def uniform(shape, bound, dtype=None):

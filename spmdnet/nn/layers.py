@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import functional as F
-from ..tensor import get_default_dtype
+from .._tensor import get_default_dtype
 from . import init
 from .module import Module
 from .parameter import Parameter

@@ -5,7 +5,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..backend import asnumpy, to_device, xp_of
-from ..tensor import Tensor
+from .._tensor import Tensor
 from .parameter import Parameter
 
 

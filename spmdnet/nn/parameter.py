@@ -1,5 +1,5 @@
 """Parameter: a leaf tensor that a Module registers and optimizers update."""
-from ..tensor import Tensor, _as_array
+from .._tensor import Tensor, _as_array
 
 
 class Parameter(Tensor):

@@ -5,7 +5,7 @@ Tensor. Grep here to find any op.
 import operator
 
 from ..backend import xp_of
-from ..tensor import Tensor, _as_array
+from .._tensor import Tensor, _as_array
 from .arith import Add, Div, Mul, Neg, Pow, Sub
 from .linalg import Linear, LinearAct, MatMul
 from .nn_ops import CrossEntropy, Dropout, Embedding, LayerNorm, LogSoftmax, MSELoss, Softmax

@@ -1,6 +1,6 @@
 """Elementwise arithmetic with broadcasting: add, sub, mul, div, neg, pow."""
 from ..backend import xp_of
-from ..tensor import Function
+from ..autograd import Function
 from ._util import unbroadcast
 
 

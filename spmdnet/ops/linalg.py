@@ -3,7 +3,7 @@ linear layer fused with its activation."""
 from ..backend import xp_of
 from ..kernels import _jit
 from ..kernels import activation as act_kernels
-from ..tensor import Function
+from ..autograd import Function
 from ._util import unbroadcast
 from .unary import act_backward, act_forward
 

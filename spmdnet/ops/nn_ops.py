@@ -11,7 +11,7 @@ from ..kernels import embedding as embedding_kernels
 from ..kernels import loss as loss_kernels
 from ..kernels import norm as norm_kernels
 from ..random import generator_for
-from ..tensor import Function
+from ..autograd import Function
 from .linalg import buffer_for
 
 

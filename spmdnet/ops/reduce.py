@@ -1,6 +1,6 @@
 """Reductions over axes, with keepdims: sum, mean, max."""
 from ..backend import xp_of
-from ..tensor import Function
+from ..autograd import Function
 from ._util import expand_reduced, normalize_axes
 
 

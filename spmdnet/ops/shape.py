@@ -1,6 +1,6 @@
 """Shape ops: reshape, transpose, indexing, concatenate, stack."""
 from ..backend import scatter_add, xp_of
-from ..tensor import Function
+from ..autograd import Function
 
 
 class Reshape(Function):

@@ -12,7 +12,7 @@ import math
 from ..backend import xp_of
 from ..kernels import _jit, erf
 from ..kernels import activation as act_kernels
-from ..tensor import Function
+from ..autograd import Function
 
 
 class Exp(Function):

@@ -9,12 +9,12 @@ all ranks. See ``buckets`` (memory layout) and ``reducer`` (overlap).
 import contextlib
 import time
 
-from .. import dist
+from .. import distributed as dist
 from ..backend import is_cupy_array, xp_of
-from ..dist.guard import guarded
+from ..distributed.guard import guarded
 from ..errors import DistributedError, NonFiniteError
 from ..nn.module import Module
-from ..tensor import Function, queue_callback
+from ..autograd import Function, queue_callback
 from .buckets import build_buckets
 from .reducer import REDUCERS, choose_overlap
 

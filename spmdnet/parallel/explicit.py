@@ -1,5 +1,5 @@
 """allreduce_gradients: the explicit, hook-free way to average gradients."""
-from .. import dist
+from .. import distributed as dist
 from ..backend import xp_of
 
 

@@ -18,8 +18,9 @@ which each stage idles p - 1: the bubble fraction is (p - 1) / (m + p - 1).
 import numpy as np
 
 from ..backend import asnumpy, xp_of
-from ..dist.guard import guarded
-from ..tensor import Function, Tensor
+from ..distributed.guard import guarded
+from .._tensor import Tensor
+from ..autograd import Function, no_grad
 
 TAG_FORWARD, TAG_BACKWARD = 11, 12
 
@@ -127,7 +128,6 @@ class Pipeline:
     def infer(self, x):
         """Forward of the whole batch through all stages, without gradients;
         returns the last stage's output array on every rank of the group."""
-        from ..tensor import no_grad  # noqa: PLC0415
         x = x.data if isinstance(x, Tensor) else x
         with no_grad():
             if self.first:

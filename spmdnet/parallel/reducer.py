@@ -15,7 +15,7 @@ import queue
 import threading
 
 from ..backend import is_cupy_array, sync
-from ..dist.collectives import on_host
+from ..distributed.collectives import on_host
 
 
 class NonBlockingReducer:

@@ -17,7 +17,7 @@ e.g. a TP-aware gradient norm, which ones are sharded).
 """
 import numpy as np
 
-from .. import dist
+from .. import distributed as dist
 from .. import functional as F
 from ..nn import Module, Parameter, init
 from ..random import fork_rng

@@ -18,13 +18,13 @@ its gradient is the sum of the contributions of every rank's computation
 ranks' slices along the last axis, rank t holding slice t. On a group of
 one rank every function is the identity and nothing is communicated.
 
-Communication goes through ``spmdnet.dist`` (CUDA stream sync and host
+Communication goes through ``spmdnet.distributed`` (CUDA stream sync and host
 staging included), looked up at call time so a benchmark can count bytes by
 wrapping ``dist.allreduce`` / ``dist.allgather``.
 """
-from .. import dist
+from .. import distributed as dist
 from ..backend import xp_of
-from ..tensor import Function
+from ..autograd import Function
 
 
 def _width(n, comm, what):

@@ -16,9 +16,9 @@ Two ways to get the gradients:
 """
 import numpy as np
 
-from .. import dist
+from .. import distributed as dist
 from ..backend import xp_of
-from ..dist.guard import guarded
+from ..distributed.guard import guarded
 from ..nn.parameter import Parameter
 from ..optim import Adam
 
@@ -105,7 +105,7 @@ class ZeroRedundancyOptimizer:
 
     def _allgather_params(self):
         from mpi4py import MPI  # noqa: PLC0415
-        from ..dist.collectives import on_host  # noqa: PLC0415
+        from ..distributed.collectives import on_host  # noqa: PLC0415
         with guarded("allgather(zero parameters)", self.comm, self.flat):
             on_host(self.flat, lambda buf: self.comm.Allgather(MPI.IN_PLACE, buf))
 

@@ -8,7 +8,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import backend, dist, nn, parallel
-from spmdnet.dist import transport
+from spmdnet.distributed import transport
 
 pytestmark = [pytest.mark.mpi, pytest.mark.gpu]
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
-from spmdnet.dist import guard
+from spmdnet.distributed import guard
 
 pytestmark = pytest.mark.mpi
 

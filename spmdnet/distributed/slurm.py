@@ -1,8 +1,8 @@
 """What Slurm says about this job, read from its environment variables, and the
 clean-up a requeued MPICH job needs. Imports neither mpi4py nor Slurm tools.
 
-    python -m spmdnet.dist.slurm               # describe the job (or "not under Slurm")
-    python -m spmdnet.dist.slurm --clean-shm   # remove this user's stale MPICH segments
+    python -m spmdnet.distributed.slurm               # describe the job (or "not under Slurm")
+    python -m spmdnet.distributed.slurm --clean-shm   # remove this user's stale MPICH segments
 """
 import os
 import sys

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import backend
 from ..errors import DistributedError
-from ..tensor import Tensor
+from .._tensor import Tensor
 from .checks import check_same
 from .guard import guarded
 from .transport import cuda_aware

@@ -1,26 +1,10 @@
-"""Global modes of the autograd: the default floating dtype and whether
-operations record a graph (``no_grad``). Thread-local grad mode, as in
-PyTorch, so a data-loader thread never switches it for the training loop.
+"""Whether operations record a graph (``no_grad``, ``enable_grad``).
+Thread-local, as in PyTorch, so a data-loader thread never switches it for
+the training loop.
 """
 import threading
 
-import numpy as np
-
-_default_dtype = [np.dtype(np.float32)]
-_grad_mode = threading.local()  # thread-local, as in PyTorch
-
-
-def set_default_dtype(dtype):
-    """Set the floating dtype given to Python lists/scalars and new parameters."""
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f":
-        raise TypeError(f"default dtype must be floating point, got {dtype}")
-    _default_dtype[0] = dtype
-
-
-def get_default_dtype():
-    """The floating dtype for new parameters and tensors built from lists."""
-    return _default_dtype[0]
+_grad_mode = threading.local()
 
 
 def is_grad_enabled():

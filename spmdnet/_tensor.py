@@ -1,0 +1,180 @@
+"""Tensor: an array with an optional gradient and the graph that produced it.
+
+A Tensor wraps a NumPy or CuPy array. Every differentiable operation is a
+``spmdnet.autograd.Function`` subclass (in ``spmdnet.ops``) whose ``apply``
+records, when a gradient is needed, the function as the result's ``_ctx``
+with its input tensors as ``parents``; ``spmdnet.autograd.engine`` walks that
+graph. (The module is ``_tensor``, as PyTorch's ``torch/_tensor.py``, because
+the package attribute ``spmdnet.tensor`` is the factory function.)
+
+This module knows no op by name: ``spmdnet.ops`` binds the operators and
+methods (``+``, ``@``, ``.sum()`` ...) onto Tensor from one explicit table.
+
+The default floating dtype lives here too: it decides what tensors built from
+Python lists and new parameters hold.
+"""
+import numpy as np
+
+from .backend import asnumpy, device_of, is_cupy_array, to_device
+
+_default_dtype = [np.dtype(np.float32)]
+
+
+def set_default_dtype(dtype):
+    """Set the floating dtype given to Python lists/scalars and new parameters."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise TypeError(f"default dtype must be floating point, got {dtype}")
+    _default_dtype[0] = dtype
+
+
+def get_default_dtype():
+    """The floating dtype for new parameters and tensors built from lists."""
+    return _default_dtype[0]
+
+
+
+def _as_array(x, dtype=None):
+    """An ndarray for x; arrays keep their dtype, lists/scalars take the default."""
+    if isinstance(x, Tensor):
+        x = x.data
+    if isinstance(x, np.ndarray) or is_cupy_array(x):
+        return x if dtype is None else x.astype(dtype, copy=False)
+    arr = np.asarray(x)
+    if dtype is None and arr.dtype.kind == "f":
+        dtype = get_default_dtype()
+    return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+class Tensor:
+    """An array with an optional gradient and the graph that produced it."""
+
+    __slots__ = ("data", "grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
+                 "_post_hooks", "_retain", "__weakref__")
+    __array_priority__ = 1000  # ndarray OP Tensor defers to Tensor's reflected op
+
+    def __init__(self, data, requires_grad=False):
+        self.data = _as_array(data)
+        self.grad = None
+        # Preallocated storage for this leaf's gradient (data parallelism's
+        # flat bucket views): when .grad is None, backward writes the
+        # gradient here, directly into it where the op supports ``out=``.
+        self.grad_buffer = None
+        self._ctx = None
+        self._hooks = None
+        self._post_hooks = None
+        self._retain = False
+        self._requires_grad = False
+        self.requires_grad = requires_grad
+
+    # -- attributes ------------------------------------------------------------
+    @property
+    def requires_grad(self):
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag):
+        if flag and self.data.dtype.kind not in "fc":
+            raise TypeError("only floating point tensors can require gradients, "
+                            f"got dtype {self.data.dtype}")
+        self._requires_grad = bool(flag)
+
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    device = property(lambda self: device_of(self.data))
+    is_leaf = property(lambda self: self._ctx is None)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({self.data!r}{grad})"
+
+    def __bool__(self):
+        if self.data.size != 1:
+            raise ValueError(f"truth value of a tensor of shape {self.shape} is ambiguous")
+        return bool(self.data)
+
+    __hash__ = object.__hash__  # identity, so tensors can key dicts and sets
+
+    # -- conversions -------------------------------------------------------------
+    def numpy(self):
+        """A host NumPy copy of the data (never shares memory with the tensor)."""
+        return np.array(asnumpy(self.data), copy=True)
+
+    def item(self):
+        """The single element as a Python scalar."""
+        if self.data.size != 1:
+            raise ValueError(f"item() needs exactly one element, tensor has shape {self.shape}")
+        return self.data.reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def detach(self):
+        """A tensor sharing this data, outside any graph."""
+        return Tensor(self.data)
+
+    def to(self, device):
+        """This tensor on ``"cpu"`` or ``"gpu"`` (a new leaf when it moves)."""
+        if device_of(self.data) == device:
+            return self
+        return Tensor(to_device(self.data, device), requires_grad=self.requires_grad)
+
+    def astype(self, dtype):
+        """A copy cast to ``dtype``, outside the graph (use for labels, masks)."""
+        return Tensor(self.data.astype(dtype))
+
+    # -- hooks -------------------------------------------------------------------
+    def register_hook(self, fn):
+        """Run ``fn(grad)`` when this tensor's gradient is known; a non-None
+        return value replaces the gradient."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        self._hooks = (self._hooks or []) + [fn]
+        return _HookHandle(self, "_hooks", fn)
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """Run ``fn(self)`` on a leaf right after its ``.grad`` is final."""
+        if self._ctx is not None:
+            raise RuntimeError("post-accumulate-grad hooks are for leaf tensors only")
+        self._post_hooks = (self._post_hooks or []) + [fn]
+        return _HookHandle(self, "_post_hooks", fn)
+
+    def retain_grad(self):
+        """Keep ``.grad`` on a non-leaf tensor after backward."""
+        self._retain = True
+
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
+        # Imported here because the engine imports this module (a real cycle).
+        from .autograd.engine import backward  # noqa: PLC0415
+        backward(self, grad, retain_graph)
+
+
+class _HookHandle:
+    """Returned by the register_* methods; ``remove()`` unregisters."""
+
+    def __init__(self, tensor, slot, fn):
+        self.tensor, self.slot, self.fn = tensor, slot, fn
+
+    def remove(self):
+        hooks = getattr(self.tensor, self.slot) or []
+        setattr(self.tensor, self.slot, [h for h in hooks if h is not self.fn] or None)
+
+
+def tensor(data, dtype=None, requires_grad=False):
+    """A new leaf tensor holding a copy of ``data`` (list, scalar, NumPy or
+    CuPy array, or Tensor). Arrays keep their dtype; floating lists and
+    scalars take the default dtype."""
+    arr = _as_array(data, dtype)
+    arr = arr.copy() if arr is data or (isinstance(data, Tensor) and arr is data.data) else arr
+    return Tensor(arr, requires_grad=requires_grad)
+
+
+def as_tensor(data, dtype=None):
+    """A tensor sharing ``data``'s memory when no conversion is needed."""
+    return data if isinstance(data, Tensor) and dtype is None else Tensor(_as_array(data, dtype))

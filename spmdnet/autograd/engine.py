@@ -1,0 +1,178 @@
+"""The backward engine: walks the graph recorded by ``Function.apply``
+without recursion, with dependency counting, hooks and ``queue_callback``.
+
+Hooks for data parallelism (PyTorch's names):
+- ``Tensor.register_hook(fn)``: ``fn(grad)`` may return a replacement
+  gradient; runs once the tensor's whole gradient of this backward is known.
+- ``Tensor.register_post_accumulate_grad_hook(fn)``: ``fn(tensor)`` runs on a
+  leaf right after its ``.grad`` became final for this backward.
+- ``queue_callback(fn)``: called during a backward, runs ``fn()`` once that
+  backward has finished (before ``backward()`` returns).
+"""
+import threading
+
+import numpy as np
+
+from .._tensor import _as_array
+from ..backend import xp_of
+
+_callbacks = threading.local()
+
+
+def queue_callback(fn):
+    """Run ``fn()`` when the backward pass now running finishes."""
+    queue = getattr(_callbacks, "queue", None)
+    if queue is None:
+        raise RuntimeError("queue_callback() can only be called during backward()")
+    queue.append(fn)
+
+
+def _graph(root):
+    """Tensors reachable from root that need a gradient, and for each the
+    number of graph edges that will deliver one to it (iterative DFS)."""
+    nodes, pending = {id(root): root}, {id(root): 0}
+    stack = [root]
+    while stack:
+        ctx = stack.pop()._ctx
+        if ctx is None:
+            continue
+        if getattr(ctx, "freed", None):
+            raise RuntimeError(
+                f"backward through a freed graph (at {ctx.freed}): the graph is freed "
+                "after backward; pass retain_graph=True to backward twice")
+        for parent in ctx.parents:
+            if not parent.requires_grad:
+                continue
+            key = id(parent)
+            if key not in nodes:
+                nodes[key], pending[key] = parent, 0
+                stack.append(parent)
+            pending[key] += 1
+    return nodes, pending
+
+
+def _seed_grad(root, grad):
+    if not root.requires_grad:
+        raise RuntimeError("backward() on a tensor that does not require grad "
+                           "(and has no graph); did you forget requires_grad=True?")
+    if grad is None:
+        if root.data.size != 1:
+            raise RuntimeError("backward() without a gradient needs a scalar output; "
+                               f"got shape {root.shape}: pass grad of that shape")
+        return xp_of(root.data).ones_like(root.data)
+    g = _as_array(grad, root.dtype)
+    if g.shape != root.shape:
+        raise ValueError(f"backward(): grad shape {g.shape} != tensor shape {root.shape}")
+    return g.copy()
+
+
+def backward(root, grad=None, retain_graph=False):
+    """Backpropagate from ``root`` (see ``Tensor.backward``).
+
+    A tensor is processed once every consumer has delivered its gradient
+    (dependency counting), so a leaf's gradient is final, and its
+    post-accumulate hooks fire, as early as possible: data parallelism starts
+    reducing a bucket while backward continues on earlier layers.
+    """
+    nodes, pending = _graph(root)
+    grads = {id(root): _seed_grad(root, grad)}
+    shared = set()  # arrays handed to more than one input: copy before keeping
+    outer = getattr(_callbacks, "queue", None)
+    _callbacks.queue = []
+    try:
+        ready = [root]
+        while ready:
+            t = ready.pop()
+            g = grads.pop(id(t), None)
+            if g is not None:
+                g = _run_hooks(t, g)
+            if t._ctx is None:
+                if g is not None:
+                    _accumulate(t, g, id(g) in shared)
+                continue
+            if t._retain and g is not None:
+                _accumulate(t, g, True)
+            _propagate(t, g, grads, shared, pending, ready, nodes)
+            if not retain_graph:
+                t._ctx.release()
+        for fn in _callbacks.queue:
+            fn()
+    finally:
+        _callbacks.queue = outer
+
+
+def _run_hooks(t, g):
+    for hook in t._hooks or ():
+        new = hook(g)
+        g = g if new is None else _as_array(new)
+    return g
+
+
+def _propagate(t, g, grads, shared, pending, ready, nodes):
+    """Run t's backward and hand each parent its share of the gradient."""
+    ctx = t._ctx
+    if g is None:
+        parent_grads = (None,) * len(ctx.parents)
+    else:
+        ctx.grad_dest = tuple(_destination(p, grads, pending) for p in ctx.parents)
+        parent_grads = ctx.backward(g)
+    if not isinstance(parent_grads, tuple):
+        parent_grads = (parent_grads,)
+    assert len(parent_grads) == len(ctx.parents), (
+        f"{type(ctx).__name__}.backward returned {len(parent_grads)} gradients "
+        f"for {len(ctx.parents)} inputs")
+    handed = []
+    for parent, pg in zip(ctx.parents, parent_grads):
+        key = id(parent)
+        if key not in nodes:
+            continue
+        if pg is not None:
+            pg = _check_grad(ctx, parent, pg)
+            if key in grads:
+                grads[key] = grads[key] + pg  # a new array: never mutate a shared one
+            else:
+                # A pass-through, a view, or one array given to two inputs may
+                # alias memory that someone else owns: a leaf copies it.
+                if pg is g or pg.base is not None or any(pg is h for h in handed):
+                    shared.add(id(pg))
+                grads[key] = pg
+            handed.append(pg)
+        pending[key] -= 1
+        if pending[key] == 0:
+            ready.append(parent)
+
+
+def _destination(parent, grads, pending):
+    """The leaf's grad_buffer when this edge delivers its only gradient."""
+    buf = parent.grad_buffer
+    if buf is None or parent._ctx is not None or parent.grad is not None or parent._hooks:
+        return None
+    key = id(parent)
+    return buf if pending.get(key) == 1 and key not in grads else None
+
+
+def _check_grad(ctx, parent, pg):
+    if isinstance(pg, np.generic):
+        pg = np.asarray(pg)
+    if pg.shape != parent.shape:
+        raise RuntimeError(f"{type(ctx).__name__}.backward returned a gradient of shape "
+                           f"{pg.shape} for an input of shape {parent.shape}")
+    if pg.dtype != parent.dtype:
+        pg = pg.astype(parent.dtype)
+    return pg
+
+
+def _accumulate(t, g, must_copy):
+    """Add g into t.grad in place (keeping views into flat buffers valid)."""
+    if t.grad is None:
+        buf = t.grad_buffer
+        if buf is not None:
+            if g is not buf:
+                buf[...] = g
+            t.grad = buf
+        else:
+            t.grad = g.copy() if must_copy else g
+    else:
+        t.grad += g
+    for hook in t._post_hooks or ():
+        hook(t)
