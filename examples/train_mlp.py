@@ -27,7 +27,7 @@ import numpy as np
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import data, dist, nn, optim, parallel
-from spmdnet.bench import StepProfiler
+from spmdnet.profiler import StepProfiler
 
 REFERENCE_BATCH = 256  # lr is given for this global batch and scaled linearly
 

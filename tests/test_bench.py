@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from launch import ROOT, mpiexec, run_mpi
 
-from spmdnet.bench import (alphabeta, allreduce_bench, project, report, scaling, step_bench,
-                           timers)
+from spmdnet import profiler as timers
+from spmdnet.bench import alphabeta, allreduce_bench, project, report, scaling, step_bench
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HAVE_MPL = report.pyplot() is not None

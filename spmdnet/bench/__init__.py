@@ -2,13 +2,11 @@
 
 - ``alphabeta``: the alpha-beta (Hockney) model, its fit, n_1/2 and the
   ring-allreduce projection;
-- ``timers``: StepProfiler, the per-step breakdown of a training loop;
 - ``allreduce_bench``, ``step_bench``, ``scaling``: the three subcommands;
 - ``report``: CSV and (optional, matplotlib) PNG output.
 Importing this package needs no MPI launch and no matplotlib.
 """
 from .alphabeta import fit, half_peak_bytes, project_step, ring_allreduce_s
-from .timers import Breakdown, StepProfiler, decompose
 
-__all__ = ["StepProfiler", "Breakdown", "decompose", "fit", "half_peak_bytes",
+__all__ = ["fit", "half_peak_bytes",
            "ring_allreduce_s", "project_step"]

@@ -18,24 +18,12 @@ import spmdnet as sn
 import spmdnet.functional as F
 
 from .. import data, distributed as dist, nn, optim, parallel
+from ..data import ArrayDataset
 from . import report
-from .timers import PHASES, StepProfiler
+from ..profiler import PHASES, StepProfiler
 
 FORMAT = "spmdnet-bench-step/1"
 COLUMNS = ("rank",) + tuple(f"{p}_s" for p in PHASES) + ("step_s", "ceiling_s")
-
-
-class ArrayDataset:
-    """In-memory (x, y) arrays with the HDF5Dataset indexing interface."""
-
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, index):
-        return self.x[index], self.y[index]
 
 
 def build_model(layers, seed=0):

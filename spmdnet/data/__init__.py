@@ -1,10 +1,11 @@
 """Data: HDF5 datasets, the distributed sampler, the prefetching loader,
 exact evaluation, and dataset writers."""
 from . import datasets
+from .array import ArrayDataset
 from .evaluate import evaluate, shard_indices
 from .hdf5 import HDF5Dataset
 from .loader import DataLoader
 from .sampler import DistributedSampler
 
-__all__ = ["HDF5Dataset", "DistributedSampler", "DataLoader", "evaluate", "shard_indices",
-           "datasets"]
+__all__ = ["ArrayDataset", "HDF5Dataset", "DistributedSampler", "DataLoader", "evaluate",
+           "shard_indices", "datasets"]

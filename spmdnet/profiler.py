@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+from .distributed import comm_or_default
+
 PHASES = ("data", "forward", "backward", "comm", "optimizer", "other")
 MARKS = ("data", "forward", "backward", "optimizer", "other")
 # T(N) = T_par/N + T_seq + T_comm: which phases make each part
@@ -130,7 +132,6 @@ class StepProfiler:
         summary to rank 0, which gets a Breakdown (others get None)."""
         if not self.enabled:
             return None
-        from ..distributed import comm_or_default  # noqa: PLC0415 - MPI only when gathering
         comm = comm_or_default(self.comm)
         rows = comm.gather(self.summary(), root=0)
         return Breakdown(rows) if comm.Get_rank() == 0 else None
