@@ -22,20 +22,28 @@ import sys
 import time
 import tracemalloc
 
-SIZES = (784, 1024, 1024, 10)
+import numpy as np
+
+import spmdnet as sn
+import spmdnet.functional as F
+from spmdnet import optim
+from spmdnet.bench.step_bench import LAYERS, build_model
+from spmdnet.kernels import compile_seconds
+from spmdnet.launch import THREAD_VARS
+
 BATCH = 256
 
 
-def make_problem(np):
+def make_problem():
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)
-    y = rng.integers(0, SIZES[-1], BATCH)
+    x = rng.standard_normal((BATCH, LAYERS[0])).astype(np.float32)
+    y = rng.integers(0, LAYERS[-1], BATCH)
     weights = [(rng.uniform(-1, 1, (o, i)) / np.sqrt(i)).astype(np.float32)
-               for i, o in zip(SIZES[:-1], SIZES[1:])]
+               for i, o in zip(LAYERS[:-1], LAYERS[1:])]
     return x, y, weights
 
 
-def floor_step(np, x, weights):
+def floor_step(x, weights):
     """Only the matrix products of forward and backward (no input gradient)."""
     acts = [x]
     for w in weights:
@@ -47,7 +55,7 @@ def floor_step(np, x, weights):
             g = g @ weights[i]
 
 
-def numpy_step(np, x, y, params, bufs, lr=0.01, mom=0.9):
+def numpy_step(x, y, params, bufs, lr=0.01, mom=0.9):
     """A complete hand-written step: what a careful NumPy programmer writes."""
     ws, bs = params[0::2], params[1::2]
     acts = [x]
@@ -75,14 +83,7 @@ def numpy_step(np, x, y, params, bufs, lr=0.01, mom=0.9):
 
 
 def build_ours(x, y, kernels="numba"):
-    import spmdnet as sn
-    import spmdnet.functional as F
-    from spmdnet import nn, optim
-    sn.manual_seed(0)
-    layers = []
-    for i, o in zip(SIZES[:-1], SIZES[1:]):
-        layers += [nn.Linear(i, o), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
+    model = build_model()
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     xt = sn.Tensor(x)
 
@@ -117,13 +118,11 @@ def peak_bytes(fn):
 
 
 def child(steps):
-    import numpy as np
-    x, y, weights = make_problem(np)
+    x, y, weights = make_problem()
     params = [a for w in weights for a in (w.copy(), np.zeros(w.shape[0], np.float32))]
     bufs = [np.zeros_like(p) for p in params]
-    from spmdnet.kernels import compile_seconds
-    fns = {"floor": lambda: floor_step(np, x, weights),
-           "numpy": lambda: numpy_step(np, x, y, params, bufs),
+    fns = {"floor": lambda: floor_step(x, weights),
+           "numpy": lambda: numpy_step(x, y, params, bufs),
            "ours": build_ours(x, y), "xp": build_ours(x, y, "xp")}
     for fn in fns.values():
         fn()  # warm-up: compiles the kernels this step uses
@@ -146,13 +145,12 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(args.steps)
-    print(f"MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, float32, SGD momentum; "
+    print(f"MLP {'-'.join(map(str, LAYERS))}, batch {BATCH}, float32, SGD momentum; "
           f"median of {args.steps} interleaved steps (ms); peak step allocation (MiB)")
     print("threads floor_ms  numpy_ms   ours_ms     xp_ms numpy/floor ours/floor xp/floor "
           "floor_MiB ours_MiB mem_ratio compile_s")
     for n in args.threads:
-        env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n),
-                   MKL_NUM_THREADS=str(n))
+        env = dict(os.environ, **dict.fromkeys(THREAD_VARS, str(n)))
         subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps)],
                        env=env, check=True)
 

@@ -19,11 +19,12 @@ requires grad, as it does inside a deep network); DP, every gradient once.
 """
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
+
+import numpy as np
+
+import spmdnet as sn
+from spmdnet import dist, launch, nn, optim, parallel
 
 VARIANTS = ("serial", "tp1", "tpN")
 
@@ -63,8 +64,6 @@ class CountingReducer:
 
 def build(variant, hidden, mesh, counter):
     """(callable model, parameters) for one variant, all from seed 0."""
-    import spmdnet as sn
-    from spmdnet import nn, parallel
     sn.manual_seed(0)
     if variant == "serial":
         model = nn.Sequential(nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, hidden))
@@ -80,15 +79,10 @@ def build(variant, hidden, mesh, counter):
 
 
 def child(args):
-    import numpy as np
-    from mpi4py import MPI
-
-    import spmdnet as sn
-    from spmdnet import dist, optim
-
     world = dist.init()
     n = world.size
     counter = Counter()
+    slowest = dist.allreduce  # not counted
     dist.allreduce, dist.allgather = counter.wrap(dist.allreduce), counter.wrap(dist.allgather)
     mesh = {"tp1": dist.Mesh(tp=1), "tpN": dist.Mesh(tp=n)}
     runs = {}
@@ -116,7 +110,7 @@ def child(args):
                 sent[v].append(counter.bytes)
     result = {"ranks": n}
     for v in VARIANTS:  # the slowest rank defines the step
-        result[v] = [world.comm.allreduce(float(np.median(times[v])), op=MPI.MAX),
+        result[v] = [slowest(float(np.median(times[v])), op="max"),
                      int(np.median(sent[v]))]
     if world.rank == 0:
         print(json.dumps(result))
@@ -143,13 +137,8 @@ def main():
     if args.hidden % args.ranks or args.batch % args.ranks:
         p.error(f"--hidden {args.hidden} and --batch {args.batch} must divide by "
                 f"--ranks {args.ranks}")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               MKL_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    mpiexec = str(mpiexec) if mpiexec.exists() else "mpiexec"
-    cmd = [mpiexec, "-n", str(args.ranks), sys.executable, __file__, "--child",
-           "--hidden", str(args.hidden), "--batch", str(args.batch), "--steps", str(args.steps)]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    out = launch.run(args.ranks, __file__, "--child", "--hidden", args.hidden, "--batch",
+                     args.batch, "--steps", args.steps, check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     n = args.ranks
     print(f"MLP block {args.hidden}-{args.hidden}-{args.hidden} (column+row, GELU), global "

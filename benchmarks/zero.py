@@ -7,7 +7,8 @@ Variants: "ddp" (DataParallel + Adam: every rank keeps the whole state),
 "zero" (DataParallel + ZeroRedundancyOptimizer(Adam): state / P, one extra
 allgather of parameters), "zero-rs" (ZeroRedundancyOptimizer with
 reduce_gradients=True and no DataParallel: reduce-scatter + allgather, the
-bytes of one allreduce).
+bytes of one allreduce). Printed per variant, next to the figures: their
+ratios to "ddp" (goal: state/ddp about 1/P for both ZeRO variants).
 """
 import argparse
 import time
@@ -61,11 +62,15 @@ def main():
                 times[v].append(time.perf_counter() - t0)
     dist.print0(f"{world.size} ranks, MLP 784-{args.hidden}-{args.hidden}-10, Adam, batch "
                 f"{args.batch}/rank, median of {args.steps} interleaved steps")
-    dist.print0(f"{'variant':>8} {'state_MiB/rank':>15} {'step_ms':>8}")
-    for v, (_, opt) in runs.items():
-        b = world.comm.allreduce(state_bytes(opt), op=__import__("mpi4py").MPI.MAX)
-        t = world.comm.allreduce(float(np.median(times[v])), op=__import__("mpi4py").MPI.MAX)
-        dist.print0(f"{v:>8} {b / 2**20:>15.2f} {t * 1e3:>8.2f}")
+    dist.print0(f"{'variant':>8} {'state_MiB/rank':>15} {'step_ms':>8} {'state/ddp':>10} "
+                f"{'step/ddp':>9}")
+    base = None
+    for v, (_, opt) in runs.items():  # "ddp" first: the base of the ratios
+        b = dist.allreduce(int(state_bytes(opt)), op="max")
+        t = dist.allreduce(float(np.median(times[v])), op="max")
+        base = base or (b, t)
+        dist.print0(f"{v:>8} {b / 2**20:>15.2f} {t * 1e3:>8.2f} {b / base[0]:>10.3f} "
+                    f"{t / base[1]:>9.3f}")
 
 
 if __name__ == "__main__":

@@ -19,16 +19,16 @@ Usage in a training loop (every method is a no-op when ``enabled=False``)::
 
     prof = StepProfiler(ddp, loader, enabled=args.profile)
     for x, y in loader:
-        prof.begin()
+        prof.begin()                 # the batch has arrived: the data wait ends here
         loss = F.cross_entropy(ddp(x), y)
-        prof.mark("forward")
+        prof.mark("forward")         # each mark closes the phase it names
         opt.zero_grad()
         loss.backward()
-        prof.mark("backward")
+        prof.mark("backward")        # less the exposed allreduce wait: "comm"
         opt.step()
         prof.mark("optimizer")
-        prof.end()
-    prof.print_report()        # collective: gathers every rank's summary
+        prof.end()                   # the rest of the step is "other"
+    prof.print_report()              # collective: gathers every rank's summary
 """
 import sys
 import time

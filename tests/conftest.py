@@ -1,19 +1,19 @@
 import numpy as np
 import pytest
 
-import spmdnet as sn
+from spmdnet.backend import cupy_available
+from tests.helpers.oracles import default_dtype
 
 
 @pytest.fixture
 def float64():
-    """Run a test with float64 as the default dtype, then restore float32."""
-    sn.set_default_dtype(np.float64)
-    yield
-    sn.set_default_dtype(np.float32)
+    """float64 as the default dtype for one test (finite differences, oracles
+    compared to 1e-10 and tighter), the previous default afterwards."""
+    with default_dtype(np.float64):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):
-    from spmdnet.backend import cupy_available
     if cupy_available():
         return
     skip = pytest.mark.skip(reason="needs CuPy and a CUDA device")

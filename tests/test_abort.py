@@ -3,7 +3,7 @@ import subprocess
 import sys
 import textwrap
 
-from launch import ROOT, run_mpi
+from tests.helpers.launch import ROOT, run_mpi
 
 RAISE_ON_RANK_1 = textwrap.dedent("""
     import time

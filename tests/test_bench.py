@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 import pytest
-from launch import ROOT, mpiexec, run_mpi
+from tests.helpers.launch import ROOT, mpiexec, run_mpi
 
-from spmdnet import profiler as timers
+from spmdnet import launch, profiler as timers
 from spmdnet.bench import alphabeta, allreduce_bench, project, report, scaling, step_bench
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -208,6 +208,24 @@ def test_without_matplotlib_the_csv_is_written_and_the_png_skipped(tmp_path, mon
     assert len(notes) == 1 and "spmdnet[bench]" in notes[0]
     report.write_csv(tmp_path / "x.csv", ("a", "b"), [{"a": 1, "b": 0.5}])
     assert report.read_csv(tmp_path / "x.csv") == [{"a": "1", "b": "0.5"}]
+
+
+# -- launching -------------------------------------------------------------------------
+def test_job_env_sets_one_thread_per_rank_and_drops_the_outer_launcher():
+    outer = {"PMI_RANK": "3", "HYDRA_CONTROL_FD": "9", "OMPI_COMM_WORLD_SIZE": "4",
+             "OMP_NUM_THREADS": "8", "HOME": "/home/me"}
+    env = launch.job_env(outer, SPMDNET_X="1")
+    assert env == {"HOME": "/home/me", "SPMDNET_X": "1", "PYTHONUNBUFFERED": "1",
+                   **dict.fromkeys(launch.THREAD_VARS, "1")}
+    assert launch.command(3, "-m", "x", 7, prefix=["mpx"]) == \
+        ["mpx", "-n", "3", sys.executable, "-m", "x", "7"]
+
+
+def test_shell_exports_name_the_same_mpiexec(monkeypatch):
+    monkeypatch.setattr(launch, "mpiexec", lambda: "/opt/my mpi/bin/mpiexec")
+    line = launch.shell_exports()
+    assert line.startswith("export OMP_NUM_THREADS=1 ")
+    assert line.endswith(" MPIEXEC='/opt/my mpi/bin/mpiexec'")
 
 
 # -- the subcommands under MPI ---------------------------------------------------------

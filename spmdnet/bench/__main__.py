@@ -26,7 +26,18 @@ thread per rank (export OMP_NUM_THREADS=1) unless you measure threading.
 import argparse
 import sys
 
+from . import allreduce_bench, project, scaling, step_bench
 from .report import INSTALL_HINT
+
+RUN = {"allreduce": allreduce_bench.run, "step": step_bench.run, "scaling": scaling.run,
+       "project": project.run}
+PROJECT_INPUTS = (  # `project`'s figures: option, default, help
+    ("--tflops", 10.0, "sustained TFLOP/s of one GPU on this model (default 10)"),
+    ("--t-seq-ms", 0.5, "per-step time that does not shrink with N, ms (default 0.5)"),
+    ("--bandwidth-gbps", 25.0, "link bandwidth, GB/s (default 25: 200 Gb/s InfiniBand HDR)"),
+    ("--latency-us", 5.0, "link latency incl. software, us (default 5)"),
+    ("--exposed", 1.0, "fraction of the allreduce not hidden behind backward (default 1)"),
+)
 
 
 def parse_bytes(text):
@@ -43,10 +54,11 @@ def parse_bytes(text):
 
 
 def add_model_args(p):
-    p.add_argument("--hidden", type=int, nargs="+", default=[1024, 1024],
-                   help="hidden layer widths (default: 1024 1024)")
-    p.add_argument("--inputs", type=int, default=784)
-    p.add_argument("--classes", type=int, default=10)
+    inputs, *hidden, classes = step_bench.LAYERS
+    p.add_argument("--hidden", type=int, nargs="+", default=hidden,
+                   help=f"hidden layer widths (default: {' '.join(map(str, hidden))})")
+    p.add_argument("--inputs", type=int, default=inputs)
+    p.add_argument("--classes", type=int, default=classes)
     p.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed first steps (default 5)")
     p.add_argument("--overlap", default="auto",
@@ -111,22 +123,14 @@ def parser():
     j = sub.add_parser("project", parents=[common], epilog=hint,
                        help="PROJECTION (alpha-beta model, not a measurement) of scaling "
                        "over many GPUs from stated interconnect figures")
-    j.add_argument("--layers", type=int, nargs="+", default=[784, 1024, 1024, 10],
+    j.add_argument("--layers", type=int, nargs="+", default=list(step_bench.LAYERS),
                    help="MLP layer widths (parameters, FLOPs and gradient bytes)")
     j.add_argument("--global-batch", type=int, default=256,
                    help="strong scaling's batch; weak scaling's batch per rank")
-    j.add_argument("--tflops", type=float, default=10.0,
-                   help="sustained TFLOP/s of one GPU on this model (default 10)")
-    j.add_argument("--t-seq-ms", type=float, default=0.5,
-                   help="per-step time that does not shrink with N, ms (default 0.5)")
+    for flag, default, text in PROJECT_INPUTS:
+        j.add_argument(flag, type=float, default=default, help=text)
     j.add_argument("--from-run", help="take T_par and T_seq from a 1-rank `bench step "
                    "--json` record instead")
-    j.add_argument("--bandwidth-gbps", type=float, default=25.0,
-                   help="link bandwidth, GB/s (default 25: 200 Gb/s InfiniBand HDR)")
-    j.add_argument("--latency-us", type=float, default=5.0,
-                   help="link latency incl. software, us (default 5)")
-    j.add_argument("--exposed", type=float, default=1.0,
-                   help="fraction of the allreduce not hidden behind backward (default 1)")
     j.add_argument("--ranks", type=int, nargs="+",
                    default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     return p
@@ -134,15 +138,7 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    if args.command == "allreduce":
-        from .allreduce_bench import run
-    elif args.command == "step":
-        from .step_bench import run
-    elif args.command == "scaling":
-        from .scaling import run
-    else:
-        from .project import run
-    return run(args)
+    return RUN[args.command](args)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def time_interleaved(fns, reps, comm, barrier=None):
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-    from mpi4py import MPI  # noqa: PLC0415 - dist.init has imported it
+    from mpi4py import MPI  # noqa: PLC0415 - optional: `bench project` runs without MPI
     return [comm.allreduce(float(np.median(ts)), op=MPI.MAX) for ts in times]
 
 
@@ -74,7 +74,7 @@ def groups(world_comm):
 
 def measure(group, comm, world_comm, sizes, reps):
     """Rows of COLUMNS for one group: ours and raw, interleaved, per size."""
-    from mpi4py import MPI  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415 - optional: `bench project` runs without MPI
     p, rows = comm.Get_size(), []
     for nbytes in sizes:
         a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
@@ -170,11 +170,6 @@ def run(args):
         return 0
     fit_rows = fits(rows)
     print("\n".join(describe(fit_rows)))
-    out = args.out
-    print("wrote", report.write_csv(f"{out}/allreduce.csv", COLUMNS, rows))
-    print("wrote", report.write_csv(f"{out}/allreduce_fit.csv", FIT_COLUMNS, fit_rows))
-    if not args.no_png:
-        png = report.write_png(f"{out}/allreduce.png", draw(rows, fit_rows), figsize=(11, 4.5))
-        if png:
-            print("wrote", png)
+    report.save(args, "allreduce_fit", FIT_COLUMNS, fit_rows)
+    report.save(args, "allreduce", COLUMNS, rows, draw(rows, fit_rows), figsize=(11, 4.5))
     return 0

@@ -96,9 +96,5 @@ def run(args):
         print(f"{r['experiment']:>6} {r['ranks']:>6} {1e3 * r['step_s']:9.3f} "
               f"{1e3 * r['parallel_s']:8.3f} {1e3 * r['sequential_s']:8.3f} "
               f"{1e3 * r['communication_s']:8.3f} {r['speedup']:8.2f} {r['efficiency']:7.2f}")
-    print("wrote", report.write_csv(f"{args.out}/projection.csv", COLUMNS, rows))
-    if not args.no_png:
-        png = report.write_png(f"{args.out}/projection.png", draw(rows, title), figsize=(9, 4.5))
-        if png:
-            print("wrote", png)
+    report.save(args, "projection", COLUMNS, rows, draw(rows, title), figsize=(9, 4.5))
     return 0

@@ -37,7 +37,7 @@ def pyplot():
     try:
         import matplotlib  # noqa: PLC0415 - optional
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - optional
     except ImportError:
         return None
     return plt
@@ -58,3 +58,14 @@ def write_png(path, draw, figsize=(9, 4), log=print):
     finally:
         plt.close(fig)
     return path
+
+
+def save(args, name, columns, rows, plot=None, figsize=(9, 4), log=print):
+    """Write ``rows`` to ``args.out``/name.csv and, given a ``plot`` (a
+    ``draw(fig)`` function) and no ``args.no_png``, the PNG name.png;
+    logs each path written."""
+    log("wrote", write_csv(f"{args.out}/{name}.csv", columns, rows))
+    if plot is not None and not args.no_png:
+        png = write_png(f"{args.out}/{name}.png", plot, figsize=figsize, log=log)
+        if png:
+            log("wrote", png)

@@ -15,8 +15,9 @@ parallel part with its ideal (T_par(N0)*N0/N strong, T_par(N0) weak): above
 1, the ranks slow each other down (shared memory bandwidth, oversubscribed
 cores).
 
-Runs are launched with ``-n N`` of the detected launcher (``srun`` inside a
-Slurm job, else the ``mpiexec`` next to this Python, else on PATH), each a
+Runs are launched with ``-n N`` of ``spmdnet.launch.launcher`` (``srun``
+inside a Slurm job, else the ``mpiexec`` next to this Python, else on PATH;
+one thread per rank), each a
 ``bench step --json`` run whose record is written to OUT/runs/; ``--from DIR``
 reads such records instead (one JSON file per run, format in ``load_run``).
 """
@@ -24,14 +25,12 @@ import glob
 import json
 import os
 import shlex
-import shutil
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 
+from .. import launch
 from . import report
 
 EXPERIMENTS = ("strong", "weak")
@@ -40,8 +39,6 @@ PARTS = ("parallel_s", "sequential_s", "communication_s")
 COLUMNS = ("experiment", "ranks", "global_batch", "local_batch", "step_s", "parallel_s",
            "sequential_s", "communication_s", "ideal_s", "speedup", "efficiency",
            "parallel_slowdown", "ceiling_s", "ceiling_speedup", "samples_per_s", "runs")
-_LAUNCHER_ENV = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "OMPI_", "MPI_LOCALNRANKS",
-                 "MPI_LOCALRANKID")
 
 
 # -- reading runs ----------------------------------------------------------------------
@@ -184,41 +181,6 @@ def draw(rows):
 
 
 # -- launching -------------------------------------------------------------------------
-def launched_size():
-    """The number of ranks this process was launched with (1 when plain)."""
-    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    step = os.environ.get("SLURM_STEP_ID", "")
-    if step.isdigit() and int(step) < 2**31:  # a real srun step, not the batch script
-        return int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    return 1
-
-
-def detect_launcher():
-    """``srun`` in a Slurm job, else mpiexec next to this Python, else on PATH."""
-    if os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
-        return ["srun"]
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec") or shutil.which("mpirun")
-    if found is None:
-        raise RuntimeError("no MPI launcher found (srun, mpiexec, mpirun): pip install "
-                           "'spmdnet[mpich]' or pass --launcher")
-    version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        return [found, "--oversubscribe"]
-    return [found]
-
-
-def child_env():
-    """This environment without the outer launcher's variables (so a
-    nested mpiexec starts a job of its own), one BLAS thread per rank."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_ENV)}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               NUMBA_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
 def step_args(args, exp):
     batch = (["--global-batch", str(args.global_batch)] if exp == "strong"
              else ["--local-batch", str(args.local_batch)])
@@ -227,7 +189,7 @@ def step_args(args, exp):
             "--experiment", exp]
 
 
-def launch(args, runs_dir, log=print):
+def launch_runs(args, runs_dir, log=print):
     """Every (repeat, experiment, N) run, interleaved so that slow spells of
     the machine spread over all of them; returns the JSON paths written.
     A strong and a weak point with the same ranks and per-rank batch (the
@@ -235,7 +197,7 @@ def launch(args, runs_dir, log=print):
     bad = [n for n in args.ranks if "strong" in args.experiments and args.global_batch % n]
     if bad:
         raise ValueError(f"--global-batch {args.global_batch} does not divide over {bad} ranks")
-    launcher = shlex.split(args.launcher) if args.launcher else detect_launcher()
+    launcher = shlex.split(args.launcher) if args.launcher else launch.launcher(srun=True)
     log(f"launcher: {' '.join(launcher)} -n N; runs in {runs_dir}")
     paths = []
     for rep in range(args.repeat):
@@ -260,37 +222,32 @@ def launch(args, runs_dir, log=print):
 def run_step(launcher, n, step_arguments, path, timeout):
     """One ``bench step --json path`` run on n ranks (its CSV is not kept)."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [*launcher, "-n", str(n), sys.executable, "-m", "spmdnet.bench", "step",
-               "--no-png", *step_arguments, "--json", path, "--out", out]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(),
-                              timeout=timeout)
+        args = ("-m", "spmdnet.bench", "step", "--no-png", *step_arguments, "--json", path,
+                "--out", out)
+        proc = launch.run(n, *args, prefix=launcher, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
+        raise RuntimeError(f"run failed ({proc.returncode}): "
+                           f"{' '.join(launch.command(n, *args, prefix=launcher))}\n"
                            f"{proc.stderr[-3000:]}")
 
 
 def run(args):
-    from ..distributed.world import rank_label  # noqa: PLC0415 - reads the launcher's env only
-    if args.from_dir is None and launched_size() > 1:
-        if rank_label() in (0, "?"):
+    if args.from_dir is None and launch.launched_size() > 1:
+        if launch.launched_rank() == 0:
             print("bench scaling launches its own MPI runs: start it as one process "
                   "(under Slurm, from the batch script, not through srun), or analyse "
                   "finished runs with --from DIR", file=sys.stderr)
         return 2
-    if rank_label() not in (0, "?"):
+    if launch.launched_rank() != 0:
         return 0  # --from under a launcher: rank 0 does the (serial) analysis
     if args.from_dir is None:
         runs_dir = os.path.join(args.out, "runs")
         os.makedirs(runs_dir, exist_ok=True)
         for stale in glob.glob(os.path.join(runs_dir, "*.json")):
             os.remove(stale)
-        launch(args, runs_dir)
+        launch_runs(args, runs_dir)
     rows = analyse(load_runs(args.from_dir or os.path.join(args.out, "runs")), args.pick)
     print(table(rows))
-    print("wrote", report.write_csv(f"{args.out}/scaling.csv", COLUMNS, rows))
-    if not args.no_png:
-        png = report.write_png(f"{args.out}/scaling.png", draw(rows),
-                               figsize=(5 * len({r['experiment'] for r in rows}), 7))
-        if png:
-            print("wrote", png)
+    report.save(args, "scaling", COLUMNS, rows, draw(rows),
+                figsize=(5 * len({r['experiment'] for r in rows}), 7))
     return 0

@@ -9,6 +9,8 @@ import tempfile
 
 import pytest
 
+from spmdnet import dist
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
@@ -17,7 +19,7 @@ def pytest_configure(config):
     Tests that need one directory for all ranks create it on rank 0 and
     broadcast its path."""
     if config.option.basetemp is None and config.getoption("with_mpi", False):
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415 - serial runs (no --with-mpi) start no MPI
         rank = MPI.COMM_WORLD.Get_rank()
         config.option.basetemp = tempfile.mkdtemp(prefix=f"spmdnet-pytest-rank{rank}-")
 
@@ -28,7 +30,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if not report.failed:
         return
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - only after a failure: plain runs start no MPI
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:
         return
@@ -42,14 +44,7 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def world_float64():
+def world_float64(float64):
     """MPI initialised and float64 as the default dtype for one test (the
-    oracles compare to 1e-10 and tighter); float32 again afterwards."""
-    import numpy as np
-
-    import spmdnet as sn
-    from spmdnet import dist
+    ``float64`` fixture of tests/conftest.py)."""
     dist.init()
-    sn.set_default_dtype(np.float64)
-    yield
-    sn.set_default_dtype(np.float32)

@@ -9,7 +9,8 @@ from mpi4py import MPI
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import dist, nn, optim, parallel
+from spmdnet import dist, nn, parallel
+from tests.helpers.oracles import OPTIMIZERS, train_step
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 LOCAL = 3  # samples per rank
@@ -44,12 +45,6 @@ def assert_replicas_identical(model):
     assert len(set(hashes)) == 1, f"replicas differ: {hashes}"
 
 
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
-    "adam": lambda ps: optim.Adam(ps, lr=0.01, weight_decay=0.01),
-}
-
-
 @pytest.mark.parametrize("overlap", ["nonblocking", "thread", "none"])
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("bucket_mb", [25.0, 0.0005])  # one bucket; many tiny buckets
@@ -61,14 +56,8 @@ def test_equals_serial_large_batch(opt_name, overlap, bucket_mb):
     opt = OPTIMIZERS[opt_name](ddp.parameters())
     for step in range(6):
         x, y = global_batch(step)
-        loss = F.cross_entropy(ddp(sn.tensor(local_slice(x))), local_slice(y))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        serial_loss = F.cross_entropy(serial(sn.tensor(x)), y)
-        serial_opt.zero_grad()
-        serial_loss.backward()
-        serial_opt.step()
+        train_step(ddp, opt, local_slice(x), local_slice(y))
+        train_step(serial, serial_opt, x, y)
         for (name, p), q in zip(model.named_parameters(), serial.parameters()):
             np.testing.assert_allclose(p.data, q.data, rtol=1e-10, atol=1e-12,
                                        err_msg=f"step {step} {name}")

@@ -10,7 +10,8 @@ from mpi4py import MPI
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import dist, nn, optim, parallel
+from spmdnet import dist, nn, parallel
+from tests.helpers.oracles import OPTIMIZERS, train_step
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, HID, OUT, BATCH = 5, 12, 7, 4  # HID divisible by tp = 1, 2, 3, 4
@@ -124,12 +125,6 @@ def test_scatter_of_an_uneven_axis_raises():
 
 
 # -- TP x DP training ---------------------------------------------------------------
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
-    "adam": lambda ps: optim.Adam(ps, lr=0.01, weight_decay=0.01),
-}
-
-
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_tp_dp_training_equals_serial_large_batch(mesh, opt_name):
     local = 3
@@ -141,14 +136,8 @@ def test_tp_dp_training_equals_serial_large_batch(mesh, opt_name):
     mine = slice(mesh.dp_rank * local, (mesh.dp_rank + 1) * local)
     for step in range(5):
         x, y = values(10 + step, (local * mesh.dp_size, IN)), np.arange(local * mesh.dp_size) % OUT
-        loss = F.cross_entropy(ddp(sn.tensor(x[mine])), y[mine])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        serial_loss = F.cross_entropy(serial(sn.tensor(x)), y)
-        serial_opt.zero_grad()
-        serial_loss.backward()
-        serial_opt.step()
+        train_step(ddp, opt, x[mine], y[mine])
+        train_step(serial, serial_opt, x, y)
         want = serial.state_dict()
         for key, p in model.named_parameters():
             np.testing.assert_allclose(p.data, shard(want[key], key, mesh), **TOL,

@@ -1,0 +1,107 @@
+"""Start MPI jobs from Python or a shell script: the one rule that finds the
+launcher and sets one thread per rank, used by the benchmarks, ``python -m
+spmdnet.bench scaling``, the tests and ``tests/run.sh``.
+
+- launcher: ``srun`` inside a Slurm job (when asked for), else the ``mpiexec``
+  of the running Python's environment (pip's mpich), else PATH's (with
+  ``--oversubscribe`` for Open MPI, which refuses more ranks than cores);
+- environment: one OpenMP/OpenBLAS/MKL/Numba thread per rank (ranks share the
+  cores), unbuffered output, and none of an outer launcher's variables, so a
+  job started from inside another job is a job of its own.
+
+    python -m spmdnet.launch --shell   # prints `export ... MPIEXEC=...` for a shell's eval
+"""
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "NUMBA_NUM_THREADS")
+LAUNCHER_ENV = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "OMPI_", "MPI_LOCALNRANKS",
+                "MPI_LOCALRANKID")
+
+
+def mpiexec():
+    """The mpiexec next to this Python (pip's mpich), else mpiexec or mpirun on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    found = str(local) if local.exists() else shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None:
+        raise RuntimeError(f"no mpiexec next to {sys.executable} nor on PATH: "
+                           "pip install 'spmdnet[mpich]'")
+    return found
+
+
+@functools.cache
+def _is_open_mpi(path):
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    return "Open MPI" in version or "OpenRTE" in version
+
+
+def launcher(srun=False):
+    """The command before ``-n N``: ``["srun"]`` in a Slurm job when ``srun``,
+    else ``[mpiexec()]`` (plus ``--oversubscribe`` for Open MPI)."""
+    if srun and os.environ.get("SLURM_JOB_ID") and shutil.which("srun"):
+        return ["srun"]
+    found = mpiexec()
+    return [found, "--oversubscribe"] if _is_open_mpi(found) else [found]
+
+
+def job_env(base=None, **extra):
+    """``base`` (default: this environment) without an outer launcher's
+    variables, with one thread per rank and unbuffered output, then ``extra``."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if not k.startswith(LAUNCHER_ENV)}
+    env.update(dict.fromkeys(THREAD_VARS, "1"), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def command(n, *args, prefix=None):
+    """``[*prefix, "-n", n, python, *args]``: this Python on n ranks
+    (``prefix`` default: ``launcher()``)."""
+    return [*(prefix or launcher()), "-n", str(n), sys.executable, *map(str, args)]
+
+
+def run(n, *args, prefix=None, env=None, **kwargs):
+    """``subprocess.run`` of ``command(n, *args)`` in ``job_env(**env)``;
+    keyword arguments go to ``subprocess.run`` (default: text output captured)."""
+    kwargs = {"capture_output": True, "text": True, **kwargs}
+    return subprocess.run(command(n, *args, prefix=prefix), env=job_env(**(env or {})),
+                          **kwargs)
+
+
+def launched_size():
+    """The number of ranks this process was launched with (1 when plain)."""
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    step = os.environ.get("SLURM_STEP_ID", "")
+    if step.isdigit() and int(step) < 2**31:  # a real srun step, not the batch script
+        return int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    return 1
+
+
+def launched_rank():
+    """This process's rank from the launcher's environment (0 when plain)."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return int(os.environ.get("SLURM_PROCID", "0")) if launched_size() > 1 else 0
+
+
+def shell_exports():
+    """The thread settings and ``MPIEXEC`` (``mpiexec()``) as one ``export``
+    line for a shell."""
+    values = {**dict.fromkeys(THREAD_VARS, "1"), "PYTHONUNBUFFERED": "1",
+              "MPIEXEC": mpiexec()}
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--shell"]:
+        sys.exit(__doc__)
+    print(shell_exports())
