@@ -3,6 +3,8 @@
 Importing spmdnet needs neither a GPU nor an MPI launch: ``dist`` imports
 mpi4py only when first used.
 """
+__version__ = "0.1.0"  # before the imports: checkpoint.py reads it while this file runs
+
 from . import autograd, data, distributed, functional, nn, optim, parallel
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .errors import CheckpointError, DistributedError
@@ -13,8 +15,6 @@ from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
                        queue_callback)
 
 dist = distributed  # the short name: `from spmdnet import dist`
-
-__version__ = "0.1.0"
 
 __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",
            "is_grad_enabled", "queue_callback", "set_default_dtype", "get_default_dtype",

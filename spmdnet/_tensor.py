@@ -150,8 +150,9 @@ class Tensor:
 
     def backward(self, grad=None, retain_graph=False):
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
-        # Imported here because the engine imports this module (a real cycle).
-        from .autograd.engine import backward  # noqa: PLC0415
+        # spmdnet.autograd builds on Tensor (Function wraps outputs in Tensors):
+        # the one upward reference, so the one import that waits for its call.
+        from .autograd.engine import backward  # noqa: PLC0415 - autograd imports this module
         backward(self, grad, retain_graph)
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import __version__
+from . import distributed as dist
 from . import random as sn_random
 from .errors import CheckpointError
 
@@ -31,13 +33,8 @@ LATEST = "latest"
 
 
 def _h5py():
-    import h5py  # noqa: PLC0415
+    import h5py  # noqa: PLC0415 - 0.1 s to import: on first save or load only
     return h5py
-
-
-def _comm(comm):
-    from . import distributed as dist  # noqa: PLC0415
-    return dist.comm_or_default(comm)
 
 
 def _unwrap(model):
@@ -58,8 +55,7 @@ def save_checkpoint(path, model, optimizer=None, *, sampler=None, step=0, keep=3
 
     ``sampler`` (a DistributedSampler) saves its epoch and position; ``extra``
     values must be JSON-serialisable (e.g. a scheduler's state_dict)."""
-    from . import __version__  # noqa: PLC0415
-    comm = _comm(comm)
+    comm = dist.comm_or_default(comm)
     rng_states = comm.gather(sn_random.get_rng_state(), root=0)
     sharded = _is_sharded(mesh)
     states = _local_states(model, optimizer)
@@ -181,7 +177,7 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, comm=None, mes
     """Restore a checkpoint on every rank (collectively); returns its ``extra``
     dict with ``step`` added. Raises CheckpointError on every rank when the
     file is missing, incomplete, corrupt or does not fit the model or world."""
-    comm = _comm(comm)
+    comm = dist.comm_or_default(comm)
     if Path(path).is_dir():
         found = latest_checkpoint(path)
         path = found if found is not None else Path(path) / LATEST

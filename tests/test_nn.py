@@ -325,3 +325,54 @@ def test_zero_grad_both_modes():
     assert model[2].bias.grad is grads[3] and (model[2].bias.grad == 2.0).all()
     model.zero_grad()
     assert all(p.grad is None for p in model.parameters())
+
+
+# -- containers ------------------------------------------------------------------------
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU("tanh"),
+               "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_sequential_fused_and_unfused_paths_agree(f64, name, bias):
+    """Linear + activation runs as one fused op by default; fuse=False calls
+    each module: the same outputs and gradients either way."""
+    sn.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 6, bias=bias), ACTIVATIONS[name](), nn.Linear(6, 3),
+                          nn.Identity(), nn.Linear(3, 4), ACTIVATIONS[name]())
+    assert model.fused_pairs() == [(0, name), (4, name)]
+    xv = np.random.default_rng(1).standard_normal((7, 5))
+    gv = np.random.default_rng(2).standard_normal((7, 4))
+    results = []
+    for fuse in (True, False):
+        model.fuse = fuse
+        model.zero_grad()
+        x = sn.tensor(xv, requires_grad=True)
+        y = model(x)
+        assert (type(y._ctx).__name__ == "LinearAct") == fuse
+        y.backward(gv)
+        grads = [x.grad] + [p.grad for p in model.parameters()]
+        results.append([y.numpy()] + [np.array(g) for g in grads])
+    assert model.fused_pairs() == [] and "fuse=False" in repr(model)
+    for fused, plain in zip(*results):
+        np.testing.assert_allclose(fused, plain, rtol=1e-12, atol=1e-14)
+
+
+def test_sequential_fuses_only_a_plain_linear_before_an_activation():
+    class MyLinear(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.ReLU(), nn.Linear(2, 2), nn.Linear(2, 2), nn.Tanh(),
+                          MyLinear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    assert model.fused_pairs() == [(2, "tanh")]
+    assert nn.Sequential(nn.Linear(2, 2), nn.ReLU(), fuse=False).fused_pairs() == []
+
+
+def test_module_list_and_sequential_share_one_base():
+    layers = nn.ModuleList([nn.Linear(2, 3)]).append(nn.ReLU())
+    assert isinstance(layers, nn.ModuleSequence) and isinstance(nn.Sequential(), nn.ModuleSequence)
+    assert len(layers) == 2 and isinstance(layers[-1], nn.ReLU)
+    assert [type(m) for m in layers] == [nn.Linear, nn.ReLU]
+    assert [n for n, _ in layers.named_parameters()] == ["0.weight", "0.bias"]
+    seq = nn.Sequential(nn.Linear(2, 3)).append(nn.ReLU())
+    assert seq.fused_pairs() == [(0, "relu")]

@@ -2,7 +2,7 @@
 exact evaluation, and dataset writers."""
 from . import datasets
 from .array import ArrayDataset
-from .evaluate import evaluate, shard_indices
+from .evaluation import evaluate, shard_indices
 from .hdf5 import HDF5Dataset
 from .loader import DataLoader
 from .sampler import DistributedSampler

@@ -9,12 +9,13 @@ import sys
 import threading
 import traceback
 
+from ._mpi import mpi
+
 _installed = {}
 
 
 def _report_and_abort(exc_type, exc, tb, where=""):
-    from mpi4py import MPI  # noqa: PLC0415 - MPI is initialised when this runs
-
+    MPI = mpi()  # initialised already: the hook is installed by dist.init
     rank = MPI.COMM_WORLD.Get_rank()
     size = MPI.COMM_WORLD.Get_size()
     lines = "".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n").split("\n")

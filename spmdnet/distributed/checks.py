@@ -2,6 +2,7 @@
 rank's value and raises the same DistributedError, so no rank is left waiting
 in a collective that the others will never join."""
 from ..errors import DistributedError
+from .guard import guarded
 
 
 def first_difference(values):
@@ -16,7 +17,6 @@ def check_same(comm, value, what):
     """Raise DistributedError on every rank unless all ranks pass equal ``value``.
 
     ``value`` must be picklable and small (shapes, names, lengths)."""
-    from .guard import guarded  # noqa: PLC0415 - guard imports this module's error type
     with guarded(f"check_same({what})", comm):
         values = comm.allgather(value)
     diff = first_difference(values)

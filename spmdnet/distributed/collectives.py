@@ -13,21 +13,17 @@ from ..errors import DistributedError
 from .._tensor import Tensor
 from .checks import check_same
 from .guard import guarded
+from ._mpi import mpi
+from .runtime import comm_or_default
 from .transport import cuda_aware
-from .world import comm_or_default
 
 _OPS = ("sum", "mean", "max", "min")
-
-
-def _mpi():
-    from mpi4py import MPI  # noqa: PLC0415 - dist.init has imported it already
-    return MPI
 
 
 def _mpi_op(op):
     if op not in _OPS:
         raise ValueError(f"op must be one of {_OPS}, got {op!r}")
-    MPI = _mpi()
+    MPI = mpi()
     return {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
 
 
@@ -40,7 +36,10 @@ def _array(x, name):
 
 
 def on_host(arr, fn):
-    """Run the MPI call ``fn(buffer)`` on arr, writing the result back into arr.
+    """Run the in-place MPI call ``fn(buffer)`` on ``arr`` (NumPy or CuPy),
+    writing the result back into ``arr``; e.g. ``dist.on_host(flat, lambda b:
+    comm.Allgather(dist.mpi().IN_PLACE, b))``. Use it for every raw buffer
+    call on a device array.
 
     NumPy: directly when C-contiguous, else through a contiguous copy.
     CuPy: after a stream sync, directly (CUDA-aware) or via a pinned buffer."""
@@ -88,7 +87,7 @@ def allreduce(x, op="sum", comm=None):
     if not arr.flags.writeable:
         raise ValueError("allreduce works in place: the array is read-only")
     with guarded(f"allreduce({op})", comm, arr):
-        on_host(arr, lambda buf: comm.Allreduce(_mpi().IN_PLACE, buf, mpi_op))
+        on_host(arr, lambda buf: comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))
     if op == "mean":
         arr /= comm.Get_size()
     return x
@@ -147,4 +146,4 @@ def reduce_scatter(x, op="sum", comm=None):
     return Tensor(out) if isinstance(x, Tensor) else out
 
 
-__all__ = ["allreduce", "broadcast", "allgather", "reduce_scatter", "DistributedError"]
+__all__ = ["allreduce", "broadcast", "allgather", "reduce_scatter", "on_host", "DistributedError"]

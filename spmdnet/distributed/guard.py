@@ -77,7 +77,13 @@ def _next_seq(comm):
 
 @contextlib.contextmanager
 def guarded(op, comm, array=None):
-    """Wrap one collective call on ``comm`` (see the module docstring)."""
+    """``with dist.guarded("allgather(my buffers)", comm, array):`` around one
+    raw collective or point-to-point call on ``comm`` (``comm.Allgather``,
+    ``comm.bcast``, ``comm.Send`` ...). Every rank of ``comm`` must pass
+    through it in the same order: it numbers the call, and (when switched on,
+    see the module docstring) checks that the ranks agree on ``op``, shape and
+    dtype, and lets the watchdog name a stalled call. ``array``: the buffer,
+    for the check; yields the call's sequence number."""
     seq = _next_seq(comm)
     if not (_settings["debug"] or _settings["watchdog_s"]):
         yield seq

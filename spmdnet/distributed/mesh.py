@@ -11,7 +11,7 @@ reductions (once per step) cross nodes. Every ``Comm.Split`` of spmdnet lives
 in this file.
 """
 from .checks import check_same
-from .world import comm_or_default, init
+from .runtime import comm_or_default, init
 
 
 def _check_sizes(tp, pp, size):

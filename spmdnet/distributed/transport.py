@@ -5,7 +5,8 @@ an MPI that is not CUDA-aware crashes ("invalid permissions").
 import ctypes
 
 from .. import config
-from .world import get_logger, world
+from ._mpi import mpi
+from .runtime import get_logger, world
 
 _decision = {}
 
@@ -15,8 +16,7 @@ def _query(symbol, *args):
     try:
         fn = getattr(ctypes.CDLL(None), symbol)  # the process's global symbol table
     except AttributeError:
-        from mpi4py import MPI  # noqa: PLC0415
-        fn = getattr(ctypes.CDLL(MPI.__file__), symbol, None)
+        fn = getattr(ctypes.CDLL(mpi().__file__), symbol, None)
         if fn is None:
             return None
     return fn(*args)
@@ -27,8 +27,7 @@ def probe_cuda_aware():
     forced = config.get("SPMDNET_CUDA_AWARE", "auto").lower()
     if forced in ("0", "1"):
         return forced == "1", f"SPMDNET_CUDA_AWARE={forced}"
-    from mpi4py import MPI  # noqa: PLC0415
-    version = MPI.Get_library_version()
+    version = mpi().Get_library_version()
     try:
         if "Open MPI" in version:
             ok = _query("MPIX_Query_cuda_support")

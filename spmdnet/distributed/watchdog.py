@@ -13,6 +13,7 @@ import threading
 import time
 
 from . import guard
+from ._mpi import mpi
 
 QUERY, REPLY = 7001, 7002
 _thread = {}
@@ -52,11 +53,10 @@ class Watchdog(threading.Thread):
             if waited > self.abort_s:  # the stall report above named the late ranks
                 self._emit([f"{pending['op']} #{pending['seq']} on {pending['comm']} has "
                             f"waited {waited:.1f} s at {pending['site']}"], "aborting the job")
-                from mpi4py import MPI  # noqa: PLC0415
-                MPI.COMM_WORLD.Abort(1)
+                mpi().COMM_WORLD.Abort(1)
 
     def _answer_queries(self):
-        from mpi4py import MPI  # noqa: PLC0415
+        MPI = mpi()
         status = MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=QUERY, status=status):
             self.comm.recv(source=status.Get_source(), tag=QUERY)
@@ -64,7 +64,7 @@ class Watchdog(threading.Thread):
 
     def _report(self, pending, waited):
         """Ask every other rank for its state (2 s at most) and name the late ones."""
-        from mpi4py import MPI  # noqa: PLC0415
+        MPI = mpi()
         for r in range(self.size):
             if r != self.rank:
                 self.comm.isend(None, dest=r, tag=QUERY)

@@ -11,7 +11,6 @@ import time
 
 from .. import distributed as dist
 from ..backend import is_cupy_array, xp_of
-from ..distributed.guard import guarded
 from ..errors import DistributedError, NonFiniteError
 from ..nn.module import Module
 from ..autograd import Function, queue_callback
@@ -195,7 +194,8 @@ class DataParallel(Module):
                     p.grad = view
             self._start(bucket)
         for bucket in self.buckets:
-            with guarded(f"allreduce(gradient bucket {bucket.index})", self.comm, bucket.buffer):
+            with dist.guarded(f"allreduce(gradient bucket {bucket.index})", self.comm,
+                              bucket.buffer):
                 self.reducer.wait(bucket)
             if bucket.dtype.kind in "fc" and self.size > 1:
                 bucket.buffer *= 1.0 / self.size

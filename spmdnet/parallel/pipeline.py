@@ -15,10 +15,12 @@ tensor and can never be disconnected from the sends and receives:
 With p stages and m micro-batches a step is m + p - 1 stage-times long, of
 which each stage idles p - 1: the bubble fraction is (p - 1) / (m + p - 1).
 """
+import contextlib
+
 import numpy as np
 
+from .. import distributed as dist
 from ..backend import asnumpy, xp_of
-from ..distributed.guard import guarded
 from .._tensor import Tensor
 from ..autograd import Function, no_grad
 
@@ -32,13 +34,13 @@ def bubble_fraction(stages, micro_batches):
 
 def _send_array(comm, array, dest, tag):
     host = np.ascontiguousarray(asnumpy(array))
-    with guarded(f"send(tag {tag})", comm, host):
+    with dist.guarded(f"send(tag {tag})", comm, host):
         comm.send((host.shape, host.dtype.str), dest=dest, tag=tag)
         comm.Send(host, dest=dest, tag=tag)
 
 
 def _recv_array(comm, source, tag):
-    with guarded(f"recv(tag {tag})", comm):
+    with dist.guarded(f"recv(tag {tag})", comm):
         shape, dtype = comm.recv(source=source, tag=tag)
         out = np.empty(shape, dtype=np.dtype(dtype))
         comm.Recv(out, source=source, tag=tag)
@@ -122,7 +124,7 @@ class Pipeline:
                     t = t * (1.0 / self.micro_batches)  # the loss is the micro-batch mean
                 t.backward()
         loss = float(np.mean(losses)) if self.last else None
-        with guarded("broadcast(pipeline loss)", self.comm):
+        with dist.guarded("broadcast(pipeline loss)", self.comm):
             return self.comm.bcast(loss, root=self.size - 1)
 
     def infer(self, x):
@@ -139,12 +141,11 @@ class Pipeline:
             if not self.last:
                 SendActivation.apply(out, comm=self.comm, dest=self.rank + 1, tag=0)
         result = asnumpy(out.data) if self.last else None
-        with guarded("broadcast(pipeline output)", self.comm):
+        with dist.guarded("broadcast(pipeline output)", self.comm):
             return self.comm.bcast(result, root=self.size - 1)
 
     def _sync(self, reduce_now):
         """Data-parallel stages reduce once, on the last backward of the step."""
-        import contextlib  # noqa: PLC0415
         if reduce_now or not hasattr(self.stage, "no_sync"):
             return contextlib.nullcontext()
         return self.stage.no_sync()

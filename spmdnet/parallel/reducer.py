@@ -9,19 +9,26 @@ DataParallel from values every rank shares (buffer kind, MPI thread level):
   memory); needs MPI_THREAD_MULTIPLE.
 - "none": every bucket is reduced, blocking, after backward.
 Buckets are started in index order and completed in index order on every
-rank, so the collectives always match.
+rank, so the collectives always match. The reducers call the communicator
+unguarded (one of them from its own thread); ``DataParallel`` wraps each
+bucket's ``wait`` in ``dist.guarded``.
 """
 import queue
 import threading
 
+from .. import distributed as dist
 from ..backend import is_cupy_array, sync
-from ..distributed.collectives import on_host
+
+
+def _sum_in_place(buffer, comm):
+    """Blocking in-place sum of a bucket buffer (NumPy or CuPy) over ``comm``."""
+    MPI = dist.mpi()
+    dist.on_host(buffer, lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM))
 
 
 class NonBlockingReducer:
     def __init__(self, comm):
-        from mpi4py import MPI  # noqa: PLC0415
-        self.comm, self.MPI, self.requests = comm, MPI, {}
+        self.comm, self.MPI, self.requests = comm, dist.mpi(), {}
 
     def start(self, bucket):
         self.requests[bucket.index] = self.comm.Iallreduce(self.MPI.IN_PLACE, bucket.buffer,
@@ -41,8 +48,7 @@ class NonBlockingReducer:
 
 class ThreadReducer:
     def __init__(self, comm):
-        from mpi4py import MPI  # noqa: PLC0415
-        self.comm, self.MPI = comm, MPI
+        self.comm = comm
         self.jobs, self.done, self.errors = queue.Queue(), {}, []
         self.thread = threading.Thread(target=self._run, name="spmdnet-allreduce", daemon=True)
         self.thread.start()
@@ -54,8 +60,7 @@ class ThreadReducer:
                 return
             bucket, done = job
             try:
-                on_host(bucket.buffer, lambda buf: self.comm.Allreduce(self.MPI.IN_PLACE, buf,
-                                                                       self.MPI.SUM))
+                _sum_in_place(bucket.buffer, self.comm)
             except BaseException as exc:  # handed to the main thread in wait()
                 self.errors.append(exc)
             done.set()
@@ -80,8 +85,7 @@ class ThreadReducer:
 
 class BlockingReducer:
     def __init__(self, comm):
-        from mpi4py import MPI  # noqa: PLC0415
-        self.comm, self.MPI = comm, MPI
+        self.comm = comm
 
     def start(self, bucket):
         pass
@@ -90,8 +94,7 @@ class BlockingReducer:
         pass
 
     def wait(self, bucket):
-        on_host(bucket.buffer, lambda buf: self.comm.Allreduce(self.MPI.IN_PLACE, buf,
-                                                               self.MPI.SUM))
+        _sum_in_place(bucket.buffer, self.comm)
 
     def close(self):
         pass

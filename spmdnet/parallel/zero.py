@@ -18,7 +18,6 @@ import numpy as np
 
 from .. import distributed as dist
 from ..backend import xp_of
-from ..distributed.guard import guarded
 from ..nn.parameter import Parameter
 from ..optim import Adam
 
@@ -104,10 +103,9 @@ class ZeroRedundancyOptimizer:
         self.grad_shard[...] = shard
 
     def _allgather_params(self):
-        from mpi4py import MPI  # noqa: PLC0415
-        from ..distributed.collectives import on_host  # noqa: PLC0415
-        with guarded("allgather(zero parameters)", self.comm, self.flat):
-            on_host(self.flat, lambda buf: self.comm.Allgather(MPI.IN_PLACE, buf))
+        in_place = dist.mpi().IN_PLACE
+        with dist.guarded("allgather(zero parameters)", self.comm, self.flat):
+            dist.on_host(self.flat, lambda buf: self.comm.Allgather(in_place, buf))
 
     # -- state ---------------------------------------------------------------------
     def state_bytes(self):

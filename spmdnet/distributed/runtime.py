@@ -9,8 +9,12 @@ import os
 import sys
 
 from .. import backend, config
+from . import guard, watchdog
+from ._mpi import mpi
+from .abort import install as install_abort_hook
+from .slurm import describe_job
 
-_state = {"world": None}
+_state = {"world": None}  # read through world(), is_initialized(), bound_device()
 
 
 class World:
@@ -43,26 +47,6 @@ def _bind_device(local_rank):
     return "gpu"
 
 
-def _launcher_local_ranks():
-    """Ranks on this node as the launcher says (before MPI is initialised)."""
-    for key in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_NUM_TASKS"):
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value) if key != "SLURM_STEP_NUM_TASKS" or \
-                os.environ.get("SLURM_STEP_NUM_NODES") == "1" else None
-    return None
-
-
-def _tune_for_oversubscription():
-    """More ranks than cores: MPICH's busy polling starves the rank that has
-    work to do. Throttled polling measured 9.5 s instead of 14.6 s for
-    ``mpirun -n 8 python examples/train_mlp.py --tp 2 --pp 2`` on 2 cores.
-    Only before MPI starts, and never over a user's own setting."""
-    local = _launcher_local_ranks()
-    if "mpi4py.MPI" not in sys.modules and local and local > (os.cpu_count() or 1):
-        os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
-
-
 def init(comm=None):
     """Initialise spmdnet's MPI world once (later calls return it).
 
@@ -70,9 +54,7 @@ def init(comm=None):
     re-initialises on it. Installs the abort-on-exception hook unless
     ``SPMDNET_ABORT_ON_ERROR=0``. Returns the World.
     """
-    _tune_for_oversubscription()
-    from mpi4py import MPI  # noqa: PLC0415 - lazily, so import spmdnet needs no MPI
-
+    MPI = mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
     world = _state["world"]
     if world is not None and world.comm == comm:
@@ -80,14 +62,11 @@ def init(comm=None):
     if world is not None:
         world.free()
     world = _state["world"] = World(comm, MPI)
-    from . import guard, watchdog  # noqa: PLC0415
     if guard.configure():
         settings = guard.settings()
         watchdog.start(comm, settings["watchdog_s"], settings["abort_s"])
     if config.get_bool("SPMDNET_ABORT_ON_ERROR", True):
-        from .abort import install  # noqa: PLC0415
-        install()
-    from .slurm import describe_job  # noqa: PLC0415
+        install_abort_hook()
     job = describe_job()
     if job and world.rank == 0:
         print(f"[rank 0] spmdnet: {job}", file=sys.stderr, flush=True)
@@ -97,6 +76,19 @@ def init(comm=None):
 def world():
     """The World, initialising with COMM_WORLD on first use."""
     return _state["world"] or init()
+
+
+def is_initialized():
+    """Whether ``init`` has run in this process (PyTorch's name); never initialises."""
+    return _state["world"] is not None
+
+
+def bound_device():
+    """"gpu" or "cpu": the device ``init`` bound this rank to, and "cpu"
+    before ``init`` (never initialises MPI). Loaders and evaluation move
+    host batches there."""
+    w = _state["world"]
+    return w.device if w is not None else "cpu"
 
 
 def rank_label():
@@ -133,9 +125,8 @@ def is_root():
 
 
 def barrier(comm=None):
-    from .guard import guarded  # noqa: PLC0415
     comm = comm_or_default(comm)
-    with guarded("barrier", comm):
+    with guard.guarded("barrier", comm):
         comm.Barrier()
 
 
@@ -149,7 +140,7 @@ def print0(*args, **kwargs):
 class _RankFilter(logging.Filter):
     def filter(self, record):
         w = _state["world"]
-        record.rank = w.rank if w is not None else os.environ.get("PMI_RANK", "?")
+        record.rank = w.rank if w is not None else rank_label()
         return True
 
 

@@ -7,6 +7,7 @@ different numbers of samples.
 """
 import numpy as np
 
+from .. import distributed as dist
 from .. import functional as F
 from ..backend import asnumpy, upload
 from .._tensor import Tensor
@@ -26,10 +27,8 @@ def evaluate(model, dataset, batch_size=1024, comm=None, to_device=None):
     that share a data-parallel rank (a tensor-parallel group) evaluate the
     same samples. ``to_device`` maps a host batch to the model's device
     (default: the rank's device, as the DataLoader does)."""
-    from .. import distributed as dist  # noqa: PLC0415
-    from ..distributed.world import _state  # noqa: PLC0415
     comm = dist.comm_or_default(comm)
-    if to_device is None and _state["world"] is not None and _state["world"].device == "gpu":
+    if to_device is None and dist.bound_device() == "gpu":
         to_device = upload
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
