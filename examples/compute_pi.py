@@ -7,7 +7,6 @@ one allreduce sums the shares. Works as plain ``python`` too (one rank).
 """
 import argparse
 import math
-import sys
 import time
 
 import numpy as np
@@ -40,4 +39,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    dist.finalize_and_exit(main())

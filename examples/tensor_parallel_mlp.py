@@ -13,7 +13,6 @@ gathered weights with the dense block built from the same seed; it exits
 non-zero when they differ. Also runs as plain ``python`` (a group of one).
 """
 import argparse
-import sys
 
 import numpy as np
 
@@ -94,4 +93,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    dist.finalize_and_exit(main())

@@ -1,6 +1,8 @@
 """DataLoader: batches in the sampler's order with the dataset's content,
 drop_last and len, prefetching that changes nothing but timing, errors raised
-in the training loop, no thread left behind, and the wait-time counter."""
+in the training loop, no thread left behind, the wait-time counter, and
+resuming mid-epoch from state_dict() exactly where an uninterrupted run goes on."""
+import json
 import threading
 import time
 
@@ -8,20 +10,17 @@ import h5py
 import numpy as np
 import pytest
 
-from spmdnet.data import DataLoader, DistributedSampler, HDF5Dataset
+from spmdnet.data import ArrayDataset, DataLoader, DistributedSampler, HDF5Dataset
 
 
-class ArrayDataset:
-    """ds[index] -> (x[index], y[index]); optionally slow or failing."""
+class Instrumented(ArrayDataset):
+    """spmdnet's ArrayDataset (x random, y = 10 * index) that counts its reads
+    and is optionally slow, or fails from a given read on."""
 
     def __init__(self, n=103, delay=0.0, fail_at=None):
         rng = np.random.default_rng(0)
-        self.x = rng.standard_normal((n, 3)).astype(np.float32)
-        self.y = np.arange(n) * 10
+        super().__init__(rng.standard_normal((n, 3)).astype(np.float32), np.arange(n) * 10)
         self.delay, self.fail_at, self.reads = delay, fail_at, 0
-
-    def __len__(self):
-        return len(self.x)
 
     def __getitem__(self, index):
         self.reads += 1
@@ -29,7 +28,7 @@ class ArrayDataset:
             raise RuntimeError(f"read {self.reads} failed")
         if self.delay:
             time.sleep(self.delay)
-        return self.x[index], self.y[index]
+        return super().__getitem__(index)
 
 
 def prefetch_threads():
@@ -71,7 +70,7 @@ def test_batches_equal_reading_the_sampler_indices(h5ds, prefetch, drop_last):
 
 
 def test_prefetch_does_not_change_results():
-    ds = ArrayDataset()
+    ds = Instrumented()
     sampler = DistributedSampler(ds, num_replicas=2, rank=1, seed=1)
     runs = []
     for prefetch in (0, 3):
@@ -90,7 +89,7 @@ def test_prefetch_does_not_change_results():
 
 
 def test_without_sampler_every_index_in_order_and_plain_iterable_samplers():
-    ds = ArrayDataset(n=10)
+    ds = Instrumented(n=10)
     assert [y.tolist() for _, y in DataLoader(ds, 4, device="cpu")] == \
         [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]
     assert len(DataLoader(ds, 4)) == 3 and len(DataLoader(ds, 4, drop_last=True)) == 2
@@ -103,13 +102,13 @@ def test_without_sampler_every_index_in_order_and_plain_iterable_samplers():
                          [(0, 4, False, 0), (0, 4, True, 0), (3, 4, False, 1), (3, 4, True, 0),
                           (8, 4, False, 2), (8, 4, True, 2), (9, 4, False, 3), (9, 4, True, 2)])
 def test_len_matches_batches_iterated(n, batch, drop_last, expected):
-    ds = ArrayDataset(n=n)
+    ds = Instrumented(n=n)
     loader = DataLoader(ds, batch, drop_last=drop_last, device="cpu")
     assert len(loader) == expected == len(list(loader)) == len(loader.batches())
 
 
 def test_len_follows_the_sampler_start_index():
-    ds = ArrayDataset(n=100)
+    ds = Instrumented(n=100)
     sampler = DistributedSampler(ds, num_replicas=4, rank=0)
     loader = DataLoader(ds, 5, sampler=sampler, device="cpu")
     assert len(loader) == 5
@@ -122,7 +121,7 @@ def test_len_follows_the_sampler_start_index():
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_exception_in_dataset_read_reaches_the_training_loop(prefetch):
     baseline = threading.active_count()
-    ds = ArrayDataset(fail_at=3)
+    ds = Instrumented(fail_at=3)
     loader = DataLoader(ds, 10, prefetch=prefetch, device="cpu")
     got = []
     with pytest.raises(RuntimeError, match="read 4 failed"):
@@ -135,7 +134,7 @@ def test_exception_in_dataset_read_reaches_the_training_loop(prefetch):
 @pytest.mark.parametrize("prefetch", [1, 2, 5])
 def test_breaking_out_early_leaves_no_thread(prefetch):
     baseline = threading.active_count()
-    ds = ArrayDataset(n=1000, delay=0.001)
+    ds = Instrumented(n=1000, delay=0.001)
     loader = DataLoader(ds, 3, prefetch=prefetch, device="cpu")
     for k, _ in enumerate(loader):
         if k == 2:
@@ -167,7 +166,7 @@ def test_dataset_in_memory_is_read_inline(h5ds):
 
 def test_thread_ends_after_a_full_epoch():
     baseline = threading.active_count()
-    loader = DataLoader(ArrayDataset(), 10, device="cpu")
+    loader = DataLoader(Instrumented(), 10, device="cpu")
     for _ in range(2):
         assert len(list(loader)) == 11
         assert threading.active_count() == baseline
@@ -175,7 +174,7 @@ def test_thread_ends_after_a_full_epoch():
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_wait_s_grows(prefetch):
-    ds = ArrayDataset(n=40, delay=0.005)
+    ds = Instrumented(n=40, delay=0.005)
     loader = DataLoader(ds, 10, prefetch=prefetch, device="cpu")
     assert loader.wait_s == 0.0
     list(loader)
@@ -186,8 +185,110 @@ def test_wait_s_grows(prefetch):
 
 
 def test_argument_validation():
-    ds = ArrayDataset()
+    ds = Instrumented()
     with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         DataLoader(ds, 0)
     with pytest.raises(ValueError, match="prefetch must be non-negative, got -1"):
         DataLoader(ds, 4, prefetch=-1)
+
+
+# -- resuming mid-epoch ---------------------------------------------------------------
+
+EPOCHS = 3
+
+
+def make_loader(n, p, rank, shuffle, sampler_drop_last, drop_last, prefetch, batch=4,
+                delay=0.0):
+    ds = Instrumented(n=n, delay=delay)
+    sampler = DistributedSampler(ds, num_replicas=p, rank=rank, shuffle=shuffle, seed=5,
+                                 drop_last=sampler_drop_last)
+    return DataLoader(ds, batch, sampler=sampler, drop_last=drop_last, prefetch=prefetch,
+                      device="cpu")
+
+
+def train(loader, stop_after=None):
+    """The training loop of a job: the labels of every batch it gets, and the
+    loader's state (through JSON, as a checkpoint stores it) when it stops
+    after ``stop_after`` batches, or at the end."""
+    seen, sampler = [], loader.sampler
+    for epoch in range(sampler.epoch, EPOCHS):
+        sampler.set_epoch(epoch)
+        for _, y in loader:
+            seen.append(y.tolist())
+            if len(seen) == stop_after:
+                return seen, json.loads(json.dumps(loader.state_dict()))
+    return seen, json.loads(json.dumps(loader.state_dict()))
+
+
+RESUME_CASES = [(p, rank, shuffle, sampler_drop_last, drop_last)
+                for p, rank in ((1, 0), (2, 1), (3, 0), (3, 2), (4, 3))
+                for shuffle in (False, True) for sampler_drop_last in (False, True)
+                for drop_last in (False, True)]
+
+
+@pytest.mark.parametrize("p,rank,shuffle,sampler_drop_last,drop_last", RESUME_CASES)
+def test_resume_mid_epoch_gives_the_uninterrupted_batches(p, rank, shuffle,
+                                                          sampler_drop_last, drop_last):
+    """Stop after any number of batches, resume in a fresh loader from the
+    state: the two parts together are exactly the uninterrupted run."""
+    config = (45, p, rank, shuffle, sampler_drop_last, drop_last)
+    whole, end_state = train(make_loader(*config, prefetch=0))
+    per_epoch = len(whole) // EPOCHS
+    assert per_epoch == len(make_loader(*config, prefetch=0)) > 0
+    for stop in range(1, len(whole) + 1):
+        prefetch = stop % 3  # inline, and read ahead by 1 or 2 batches
+        first, state = train(make_loader(*config, prefetch=prefetch), stop_after=stop)
+        resumed = make_loader(*config, prefetch=2 - prefetch)
+        resumed.load_state_dict(state)
+        assert len(resumed) == per_epoch - stop % per_epoch  # what is left of the epoch
+        rest, final = train(resumed)
+        assert first + rest == whole, f"stopped after {stop} batches"
+        assert final == end_state
+
+
+def test_state_counts_delivered_batches_not_prefetched_ones():
+    loader = make_loader(400, 2, 1, True, False, False, prefetch=5, delay=0.002)
+    loader.sampler.set_epoch(7)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    time.sleep(0.05)
+    assert loader.dataset.reads > 3  # the reader is ahead ...
+    state = loader.state_dict()
+    assert state["sampler"]["epoch"] == 7  # ... but the state says: 3 batches used
+    assert state["sampler"]["start_index"] == 3 * 4 and state["batch_size"] == 4
+    it.close()
+    assert loader.state_dict() == state  # closing the pass changes nothing
+    for _ in loader:  # a whole pass: the next epoch, from its start
+        pass
+    assert loader.state_dict()["sampler"]["epoch"] == 8
+    assert loader.state_dict()["sampler"]["start_index"] == 0
+
+
+def test_resume_without_a_distributed_sampler_skips_the_delivered_batches():
+    ds = Instrumented(n=10)
+    loader = DataLoader(ds, 3, prefetch=2, device="cpu")
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    assert state == {"batch_size": 3, "sampler": None, "batches_done": 1}
+    resumed = DataLoader(ds, 3, prefetch=0, device="cpu")
+    resumed.load_state_dict(state)
+    assert len(resumed) == 3
+    assert [y.tolist() for _, y in resumed] == [[30, 40, 50], [60, 70, 80], [90]]
+    assert [len(y) for _, y in resumed] == [3, 3, 3, 1]  # the next pass is whole again
+    assert resumed.state_dict()["batches_done"] == 0
+
+
+def test_bad_loader_state_raises_naming_the_values():
+    loader = make_loader(45, 3, 0, True, False, False, prefetch=0)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="batch_size 5 from a state of batch_size 4"):
+        make_loader(45, 3, 0, True, False, False, prefetch=0, batch=5).load_state_dict(state)
+    with pytest.raises(ValueError, match="dataset_len 45 in the state, 46 here"):
+        make_loader(46, 3, 0, True, False, False, prefetch=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="num_replicas 3 in the state, 2 here"):
+        make_loader(45, 2, 0, True, False, False, prefetch=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="cannot load one"):
+        DataLoader(Instrumented(45), 4, sampler=list(range(45))).load_state_dict(state)

@@ -1,8 +1,10 @@
 """DistributedSampler: PyTorch's index arithmetic, checked serially for every
 rank of worlds of 1-5 ranks (each rank built with explicit num_replicas/rank):
 coverage, disjointness (padding duplicates exactly as documented), equal
-lengths, determinism, the documented generator, resume, validation errors."""
+lengths, determinism, the documented generator, resume (a state from any rank
+continues every rank; a state of another order raises), validation errors."""
 import collections
+import json
 import math
 
 import h5py
@@ -199,17 +201,77 @@ def test_start_index_lasts_for_its_epoch_only_and_round_trips():
     s.set_epoch(4)  # a resumed loop calls set_epoch for the resumed epoch: kept
     np.testing.assert_array_equal(s.indices(), full4[6:])
     state = s.state_dict()
-    assert state == {"epoch": 4, "start_index": 6, "seed": 9}
+    assert state == {"epoch": 4, "start_index": 6, "seed": 9, "dataset_len": 40,
+                     "num_replicas": 2, "shuffle": True, "drop_last": False}
+    assert json.loads(json.dumps(state)) == state  # goes into a checkpoint as it is
 
-    t = DistributedSampler(40, num_replicas=2, rank=1, seed=0)
-    t.load_state_dict(state)
+    t = DistributedSampler(40, num_replicas=2, rank=1, seed=9)
+    t.load_state_dict(json.loads(json.dumps(state)))
     np.testing.assert_array_equal(t.indices(), full4[6:])
+    assert len(t) == 14
 
     s.set_epoch(5)  # the next epoch starts from its beginning
     assert s.start_index == 0 and len(s) == 20
     fresh = DistributedSampler(40, num_replicas=2, rank=1, seed=9)
     fresh.set_epoch(5)
     np.testing.assert_array_equal(s.indices(), fresh.indices())
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_state_from_any_rank_resumes_every_rank(p, shuffle, drop_last):
+    """One rank's state (rank 0's, as a checkpoint holds) continues every rank
+    where an uninterrupted epoch would be, for every position."""
+    n = 23
+    for rank in range(p):
+        kw = dict(num_replicas=p, shuffle=shuffle, seed=3, drop_last=drop_last)
+        saved = DistributedSampler(n, rank=0, **kw)
+        saved.set_epoch(2)
+        whole = DistributedSampler(n, rank=rank, **kw)
+        whole.set_epoch(2)
+        full = whole.indices()
+        for k in range(len(full) + 1):
+            saved.set_start_index(k)
+            resumed = DistributedSampler(n, rank=rank, **kw)
+            resumed.load_state_dict(saved.state_dict())
+            assert resumed.epoch == 2 and len(resumed) == len(full) - k
+            np.testing.assert_array_equal(resumed.indices(), full[k:])
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"ds_or_len": 41}, "dataset_len 40 in the state, 41 here"),
+    ({"num_replicas": 4}, "num_replicas 2 in the state, 4 here"),
+    ({"seed": 0}, "seed 9 in the state, 0 here"),
+    ({"shuffle": False}, "shuffle True in the state, False here"),
+    ({"drop_last": True}, "drop_last False in the state, True here"),
+])
+def test_state_of_another_order_raises_naming_the_values(change, named):
+    s = DistributedSampler(40, num_replicas=2, rank=1, seed=9)
+    s.set_epoch(3)
+    s.set_start_index(5)
+    kw = dict(dict(ds_or_len=40, num_replicas=2, rank=1, seed=9), **change)
+    other = DistributedSampler(**kw)
+    with pytest.raises(ValueError, match="another order") as err:
+        other.load_state_dict(s.state_dict())
+    assert named in str(err.value)
+    assert (other.epoch, other.start_index) == (0, 0)  # nothing half-loaded
+    both = DistributedSampler(30, num_replicas=3, rank=0, seed=1)
+    with pytest.raises(ValueError) as err:
+        both.load_state_dict(s.state_dict())
+    assert "dataset_len 40" in str(err.value) and "num_replicas 2" in str(err.value) \
+        and "seed 9" in str(err.value)
+
+
+def test_state_without_the_order_keys_still_loads():
+    """A state written before the order was recorded (epoch, start_index, seed)."""
+    s = DistributedSampler(40, num_replicas=2, rank=0, seed=9)
+    s.load_state_dict({"epoch": 2, "start_index": 4, "seed": 9})
+    assert (s.epoch, s.start_index, len(s)) == (2, 4, 16)
+    with pytest.raises(ValueError, match="seed 1 in the state, 9 here"):
+        s.load_state_dict({"epoch": 2, "start_index": 4, "seed": 1})
+    with pytest.raises(ValueError, match=r"start index 21 outside \[0, 20\]"):
+        s.load_state_dict({"epoch": 2, "start_index": 21})
 
 
 def test_accepts_a_dataset_or_a_length():

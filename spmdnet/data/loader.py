@@ -6,6 +6,13 @@ and, on a GPU rank, uploads them through pinned memory on a side stream.
 An exception in the thread is raised again in the training loop.
 ``wait_s`` accumulates the time the training loop waited for data.
 
+``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly (as
+torchdata's stateful DataLoader): the state counts the batches delivered to
+the training loop, never those read ahead. With a ``DistributedSampler`` it
+is the sampler's state advanced past those batches (once a pass has
+delivered every batch, the next epoch from its start); with any other
+sampler, the number of batches the next pass skips.
+
 A dataset held in memory (``HDF5Dataset.cached``) on a CPU rank is read
 inline, without the thread: a batch is then a fancy index taking
 microseconds, less than handing it between threads, and the thread would
@@ -19,6 +26,7 @@ import time
 import numpy as np
 
 from .. import backend
+from ..distributed import bound_device
 
 _DONE = object()
 
@@ -41,6 +49,9 @@ class DataLoader:
         self.dataset, self.batch_size, self.sampler = ds, int(batch_size), sampler
         self.drop_last, self.prefetch, self.device = drop_last, int(prefetch), device
         self.wait_s = 0.0
+        # the current or last pass: [sampler state at its start, batches, delivered]
+        self._pass = None
+        self._skip = 0  # batches the next pass skips (a loaded state without a position)
 
     def _indices(self):
         if self.sampler is None:
@@ -56,14 +67,15 @@ class DataLoader:
         return [idx[i:i + self.batch_size] for i in range(0, stop, self.batch_size)]
 
     def __len__(self):
+        """Batches in the next pass (after a resume: those left)."""
         n = len(self._indices())
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        full = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return max(0, full - self._skip)
 
     def _device(self):
         if self.device is not None:
             return self.device
-        from ..distributed.world import _state  # noqa: PLC0415 - the rank's bound device, if any
-        return _state["world"].device if _state["world"] is not None else "cpu"
+        return bound_device()
 
     def _load(self, index, device):
         x, y = self.dataset[index]
@@ -73,14 +85,26 @@ class DataLoader:
 
     def __iter__(self):
         batches, device = self.batches(), self._device()
+        start = self._sampler_state()
+        self._pass = [start, len(batches), self._skip]
+        batches, self._skip = batches[self._skip:], 0
         if self.prefetch == 0 or (device == "cpu" and getattr(self.dataset, "cached", False)):
-            for index in batches:
-                t0 = time.perf_counter()
-                item = self._load(index, device)
-                self.wait_s += time.perf_counter() - t0
+            items = self._iterate_inline(batches, device)
+        else:
+            items = self._iterate_prefetched(batches, device)
+        try:
+            for item in items:
+                self._pass[2] += 1  # delivered: the loop holds it from here
                 yield item
-            return
-        yield from self._iterate_prefetched(batches, device)
+        finally:
+            items.close()  # a loop that breaks out stops the reader thread now
+
+    def _iterate_inline(self, batches, device):
+        for index in batches:
+            t0 = time.perf_counter()
+            item = self._load(index, device)
+            self.wait_s += time.perf_counter() - t0
+            yield item
 
     def _iterate_prefetched(self, batches, device):
         ready, stop = queue.Queue(maxsize=self.prefetch), threading.Event()
@@ -114,3 +138,40 @@ class DataLoader:
                     ready.get_nowait()
                 except queue.Empty:
                     thread.join(0.01)
+
+    # -- resuming -----------------------------------------------------------------------
+    def _sampler_state(self):
+        has_state = hasattr(self.sampler, "state_dict") and hasattr(self.sampler,
+                                                                   "load_state_dict")
+        return self.sampler.state_dict() if has_state else None
+
+    def state_dict(self):
+        """Where the next pass continues: the batches delivered so far by the
+        current (or last) pass count as done, the ones read ahead do not.
+        JSON-serialisable; the same on every rank of a DistributedSampler."""
+        state = {"batch_size": self.batch_size, "sampler": self._sampler_state(),
+                 "batches_done": self._skip}
+        if self._pass is None:
+            return state
+        start, total, done = self._pass
+        if start is not None and "start_index" in start and "epoch" in start:
+            sampler = dict(start)
+            if done >= total:  # the pass is complete: the next epoch, from its start
+                sampler.update(epoch=start["epoch"] + 1, start_index=0)
+            else:  # short of the end: start_index + done * batch_size < num_samples
+                sampler["start_index"] = start["start_index"] + done * self.batch_size
+            return dict(state, sampler=sampler, batches_done=0)
+        return dict(state, batches_done=0 if done >= total else done)
+
+    def load_state_dict(self, state):
+        """Continue where ``state`` (from ``state_dict``) left off: the next
+        pass yields exactly the batches an uninterrupted run would have."""
+        if state["batch_size"] != self.batch_size:
+            raise ValueError(f"cannot resume a DataLoader of batch_size {self.batch_size} "
+                             f"from a state of batch_size {state['batch_size']}")
+        if state.get("sampler") is not None:
+            if not hasattr(self.sampler, "load_state_dict"):
+                raise ValueError(f"the state holds a sampler state but this DataLoader's "
+                                 f"sampler {self.sampler!r} cannot load one")
+            self.sampler.load_state_dict(state["sampler"])
+        self._pass, self._skip = None, int(state.get("batches_done", 0))

@@ -8,13 +8,25 @@ Pure index arithmetic, identical on every rank (no communication needed):
 3. rank r takes ``indices[r::num_replicas]`` (strided, not contiguous).
 To reproduce an order outside spmdnet, apply those three steps with the same
 generator. Call ``set_epoch(epoch)`` every epoch, or every epoch repeats the
-same order. ``set_start_index(k)`` skips the first k indices of this rank's
-share of the current epoch, to resume mid-epoch; the next ``set_epoch``
-starts again from 0.
+same order.
+
+Resuming mid-epoch (as torchdata's ``StatefulDistributedSampler``): the
+position is ``(epoch, start_index)``, ``start_index`` being how many of this
+rank's indices of that epoch are already used; it is the same on every rank,
+whose shares are equally long. ``state_dict()`` holds the position and what
+the order depends on, ``load_state_dict`` restores the position and raises
+``ValueError`` when the order would differ. ``DataLoader.state_dict()``
+advances the position by the batches it has delivered: checkpoint the
+loader's state, not the sampler's, in a training loop.
 """
 import math
 
 import numpy as np
+
+from ..distributed import comm_or_default
+
+# what the order depends on: a state must match these to be loaded
+_ORDER_KEYS = ("dataset_len", "num_replicas", "seed", "shuffle", "drop_last")
 
 
 def _length(ds_or_len):
@@ -26,9 +38,7 @@ def _length(ds_or_len):
 def _world(num_replicas, rank, comm):
     if num_replicas is not None and rank is not None:
         return num_replicas, rank
-    if comm is None:
-        from .. import distributed as dist  # noqa: PLC0415 - only when the world is needed
-        comm = dist.comm_or_default()
+    comm = comm_or_default(comm)
     return (comm.Get_size() if num_replicas is None else num_replicas,
             comm.Get_rank() if rank is None else rank)
 
@@ -45,8 +55,8 @@ class DistributedSampler:
             raise ValueError(f"rank {rank} is out of range: valid ranks are "
                              f"[0, {num_replicas - 1}] for num_replicas={num_replicas}")
         self.dataset_len = _length(ds_or_len)
-        self.num_replicas, self.rank = num_replicas, rank
-        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.epoch, self.start_index = 0, 0
         if drop_last and self.dataset_len < num_replicas:
             raise ValueError(f"{_describe(ds_or_len)} has {self.dataset_len} samples, fewer "
@@ -100,11 +110,22 @@ class DistributedSampler:
         return self.num_samples - self.start_index
 
     def state_dict(self):
-        return {"epoch": self.epoch, "start_index": self.start_index, "seed": self.seed}
+        """The position (``epoch``, ``start_index``) and what the order depends
+        on; JSON-serialisable and the same on every rank."""
+        return {"epoch": self.epoch, "start_index": self.start_index,
+                **{key: getattr(self, key) for key in _ORDER_KEYS}}
 
     def load_state_dict(self, state):
+        """Continue at the position of ``state``. Raises ValueError, naming the
+        values, when the state comes from a sampler with another order
+        (dataset length, num_replicas, seed, shuffle or drop_last); keys absent
+        from an older state are not checked."""
+        differ = [f"{key} {state[key]!r} in the state, {getattr(self, key)!r} here"
+                  for key in _ORDER_KEYS if key in state and state[key] != getattr(self, key)]
+        if differ:
+            raise ValueError("cannot resume this DistributedSampler from a sampler with "
+                             f"another order: {'; '.join(differ)}")
         self.set_epoch(state["epoch"])
-        self.seed = int(state["seed"])
         self.set_start_index(state["start_index"])
 
 

@@ -1,11 +1,16 @@
 """pp x tp x dp together: a pipeline of tensor-parallel stages, data
-parallel over dp, equals the serial model (loss and every gradient)."""
+parallel over dp, equals the serial model (loss and every gradient); so does
+examples/train_3d.py's model, on every layout the world size allows (loss,
+updated weights and pipeline inference)."""
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import dist, nn, parallel
+from spmdnet import dist, nn, optim, parallel
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, HIDDEN, CLASSES, BATCH = 6, 8, 3, 16
@@ -57,4 +62,53 @@ def test_pipeline_of_tensor_parallel_stages_with_data_parallel_equals_serial():
         np.testing.assert_allclose(p.grad, shard(q.grad, p, mesh), rtol=1e-10, atol=1e-13,
                                    err_msg=name)
     ddp.close()
+    mesh.free()
+
+
+def load_example(name):
+    """An example script as a module (its main() does not run)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_train_3d_example_model_equals_serial(tp, pp):
+    if dist.size() % (tp * pp):
+        pytest.skip(f"tp={tp} x pp={pp} needs a world size divisible by {tp * pp}")
+    train_3d = load_example("train_3d")
+    mesh = dist.Mesh(tp=tp, pp=pp)
+    args = train_3d.parse_args(["--hidden", str(HIDDEN), "--micro-batches", "2"])
+    sn.manual_seed(4)
+    net = train_3d.Net(args, mesh, IN, CLASSES)
+    sn.manual_seed(4)  # the serial model: the same layers, drawn in the same order
+    serial = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Dropout(0.0),
+                           nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Dropout(0.0),
+                           nn.Linear(HIDDEN, CLASSES))
+    rng = np.random.default_rng(2)
+    n = BATCH * mesh.dp_size
+    x, y = rng.standard_normal((n, IN)), rng.integers(0, CLASSES, n)
+    mine = slice(mesh.dp_rank * BATCH, (mesh.dp_rank + 1) * BATCH)
+    with sn.no_grad():
+        local = F.cross_entropy(serial(sn.tensor(x[mine])), y[mine]).item()
+
+    loss = net.train_step(x[mine], y[mine], optim.SGD(net.module.parameters(), lr=0.1))
+    serial_opt = optim.SGD(serial.parameters(), lr=0.1)
+    F.cross_entropy(serial(sn.tensor(x)), y).backward()  # data parallel = the whole batch
+    serial_opt.step()
+    assert abs(loss - local) < 1e-12
+    offset = 0 if mesh.pp_rank == 0 else 6  # stage 1 holds the output layer, serial's 6
+    serial_params = dict(serial.named_parameters())
+    for name, p in net.module.named_parameters():
+        index, attr = name.split(".")
+        q = serial_params[f"{int(index) + offset}.{attr}"]
+        np.testing.assert_allclose(p.data, shard(q.data, p, mesh), rtol=1e-10, atol=1e-13,
+                                   err_msg=name)
+    net.eval()
+    test = rng.standard_normal((5, IN))
+    np.testing.assert_allclose(np.asarray(net(sn.tensor(test)).data),
+                               serial(sn.tensor(test)).numpy(), rtol=1e-10, atol=1e-13)
+    net.ddp.close()
     mesh.free()

@@ -288,6 +288,7 @@ def test_write_hdf5_from_rank_0_then_all_ranks_read(shared_dir):
     np.testing.assert_array_equal(got[0], x)
     np.testing.assert_array_equal(got[1], y)
     assert sorted(p.name for p in shared_dir.iterdir()) == ["w.h5"]  # no temporary left
+    COMM.Barrier()  # every rank has looked before rank 0 writes the next files there
 
     train, test = datasets.make_digits(shared_dir / "digits")
     sizes = all_equal((len(HDF5Dataset(train)), len(HDF5Dataset(test))))

@@ -1,0 +1,165 @@
+"""Data x tensor x pipeline parallelism: the main job's MLP on a 3D mesh.
+
+    mpirun -n 8 python examples/train_3d.py --tp 2 --pp 2
+
+The ranks form a Mesh of dp x tp x pp (dp = ranks / (tp * pp); the ranks of a
+tensor-parallel group are adjacent). With tp > 1 the first two layers are a
+column-then-row tensor-parallel pair over ``mesh.tp`` (one allreduce forward,
+one backward); the layers are cut into pp pipeline stages, run as a GPipe
+pipeline over ``mesh.pp`` in --micro-batches micro-batches; DataParallel over
+``mesh.dp`` averages the gradients of each stage's replicas. Every rank of a
+tensor-parallel group and of a pipeline reads the same samples (the sampler
+runs over ``mesh.dp``), and evaluation runs the pipeline's inference forward.
+The same seed gives the weights of the serial model, so --tp 1 --pp 1 trains
+exactly what examples/train_mlp.py trains. Exits 1 when the test accuracy is
+below --min-accuracy. Also runs as plain `python` with --tp 1 --pp 1.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import spmdnet as sn
+import spmdnet.functional as F
+from spmdnet import data, dist, nn, optim, parallel
+
+try:
+    from tqdm import tqdm  # optional: pip install 'spmdnet[progress]'
+except ImportError:
+    tqdm = None
+
+REFERENCE_BATCH = 256  # --lr is given for this global batch and scaled linearly
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages")
+    p.add_argument("--micro-batches", type=int, default=4, help="per step, with --pp > 1")
+    p.add_argument("--data-dir", default="data", help="where the digits are written")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=16, help="samples per dp rank per step")
+    p.add_argument("--lr", type=float, default=0.4, help=f"for a global batch of "
+                   f"{REFERENCE_BATCH}; scaled linearly with the actual global batch")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-accuracy", type=float, default=0.95)
+    return p.parse_args(argv)
+
+
+def build_blocks(in_features, hidden, classes, dropout, mesh):
+    """The MLP as blocks (lists of modules). With tp > 1 the first two layers
+    are a column-then-row tensor-parallel pair (one block: they must share a
+    pipeline stage); the same seed gives the serial model's weights."""
+    if mesh.tp_size == 1:
+        return [[nn.Linear(in_features, hidden), nn.ReLU(), nn.Dropout(dropout)],
+                [nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout)],
+                [nn.Linear(hidden, classes)]]
+    tp = mesh.tp
+    return [[parallel.ColumnParallelLinear(in_features, hidden, tp), nn.ReLU(),
+             parallel.ParallelDropout(dropout, tp),  # inside the TP region: own masks
+             parallel.RowParallelLinear(hidden, hidden, tp), nn.ReLU(),
+             nn.Dropout(dropout)],  # outside it: the same mask on every TP rank
+            [nn.Linear(hidden, classes)]]
+
+
+class Net:
+    """This rank's part of the model: its pipeline stage, data parallel over
+    ``mesh.dp``, run through a GPipe pipeline over ``mesh.pp`` when pp > 1."""
+
+    def __init__(self, args, mesh, in_features, classes):
+        blocks = build_blocks(in_features, args.hidden, classes, args.dropout, mesh)
+        if mesh.pp_size > len(blocks):
+            raise SystemExit(f"--pp {mesh.pp_size} exceeds the model's {len(blocks)} blocks "
+                             "(with --tp > 1 the first two layers form one block)")
+        bounds = np.linspace(0, len(blocks), mesh.pp_size + 1).round().astype(int)
+        mine = blocks[bounds[mesh.pp_rank]:bounds[mesh.pp_rank + 1]]
+        self.module = nn.Sequential(*[m for block in mine for m in block])
+        self.ddp = parallel.DataParallel(self.module, comm=mesh.dp)
+        self.pipe = parallel.Pipeline(self.ddp, mesh.pp, args.micro_batches) \
+            if mesh.pp_size > 1 else None
+
+    def train_step(self, x, y, opt):
+        """One optimisation step; returns the loss (the same on a pipeline's ranks)."""
+        opt.zero_grad()
+        if self.pipe is not None:
+            loss = self.pipe.train_step(x, y, F.cross_entropy)
+        else:
+            out = F.cross_entropy(self.ddp(sn.Tensor(x)), y)
+            out.backward()
+            loss = out.item()
+        opt.step()
+        return loss
+
+    def __call__(self, x):  # evaluation: the logits of the whole model
+        if self.pipe is not None:
+            return sn.Tensor(self.pipe.infer(x))
+        return self.module(x)
+
+    @property
+    def training(self):
+        return self.module.training
+
+    def train(self, mode=True):
+        self.module.train(mode)
+
+    def eval(self):
+        self.module.train(False)
+
+
+def progress(loader, epoch):
+    """The loader, with a progress bar on rank 0 when tqdm is installed and
+    stdout is a terminal (not under Slurm): else the epoch lines alone."""
+    if tqdm is None or not dist.is_root() or not sys.stdout.isatty():
+        return loader
+    return tqdm(loader, desc=f"epoch {epoch}", leave=False, file=sys.stdout)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    world = dist.init()
+    mesh = dist.Mesh(tp=args.tp, pp=args.pp)
+    sn.manual_seed(args.seed)  # the same on every rank: TP layers slice one full draw
+    paths = Path(args.data_dir) / "digits_train.h5", Path(args.data_dir) / "digits_test.h5"
+    if not all(p.exists() for p in paths):
+        paths = data.datasets.make_digits(args.data_dir)
+    train_set, test_set = data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
+    features, classes = int(np.prod(train_set.sample_shape)), int(train_set.targets().max()) + 1
+    net = Net(args, mesh, features, classes)
+    # every rank of a TP group and of a pipeline reads the same samples
+    sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True, comm=mesh.dp)
+    loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
+    global_batch = args.batch_size * mesh.dp_size
+    opt = optim.SGD(net.module.parameters(), lr=args.lr * global_batch / REFERENCE_BATCH,
+                    momentum=0.9, weight_decay=1e-4)
+    steps = max(1, args.epochs * len(loader))
+    sched = optim.lr_scheduler.WarmupCosine(opt, min(len(loader), steps), steps)
+    dist.print0(f"{world.size} ranks (dp {mesh.dp_size} x tp {mesh.tp_size} x pp "
+                f"{mesh.pp_size}), {len(train_set)} training samples, global batch "
+                f"{global_batch}, {len(loader)} steps/epoch")
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        losses, t0 = [], time.perf_counter()
+        for x, y in progress(loader, epoch):
+            losses.append(net.train_step(x, y, opt))
+            sched.step()
+        rate = len(losses) * global_batch / (time.perf_counter() - t0)
+        loss = dist.allreduce(float(np.mean(losses)), "mean")
+        val = data.evaluate(net, test_set, comm=mesh.dp)  # ranks of a dp rank: same samples
+        dist.print0(f"epoch {epoch:3d}  loss {loss:.4f}  val loss {val['loss']:.4f}  val "
+                    f"accuracy {val['accuracy']:.4f} ({val['count']} samples)  "
+                    f"{rate:.0f} samples/s")
+    final = data.evaluate(net, test_set, comm=mesh.dp)
+    dist.print0(f"test accuracy {final['accuracy']:.4f} on {final['count']} samples")
+    if final["accuracy"] < args.min_accuracy:
+        dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")
+        return 1
+    dist.print0("accuracy check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    dist.finalize_and_exit(main())
