@@ -7,8 +7,8 @@ machine's noise hits both alike) on the same inputs; a side that works in
 place gets a fresh copy before each call, outside the timing. Prints the
 median microseconds, the speedup, whether it is at least 2x (the bar a
 kernel must clear to be used, DESIGN.md principle 8) and whether the ops use
-it (spmdnet.kernels.activation's tables, loss.OP_MAX_SIZE). Compile time
-(warm-up) is reported apart.
+it (``spmdnet.kernels.lookup``: the table in spmdnet/kernels/dispatch.py).
+Compile time (warm-up) is reported apart.
 """
 import argparse
 import os
@@ -17,15 +17,16 @@ import time
 
 import numpy as np
 
+import spmdnet as sn
+from spmdnet import kernels
+from spmdnet.kernels import activation, embedding, loss, norm, optim_kernels
+from spmdnet.ops import nn_ops, unary
+
 
 def _cases():
     """(name, size, xp function, kernel function, setup, used) for every
     kernel; setup() returns the arguments both functions take (fresh each
-    call); used: whether the ops run this kernel (their tables, limits)."""
-    import spmdnet as sn  # noqa: F401 - import after the thread knobs are set
-    from spmdnet.kernels import activation, embedding, loss, norm, optim_kernels
-    from spmdnet.ops import nn_ops, unary
-
+    call); used: whether the ops run this kernel (``kernels.lookup``)."""
     rng = np.random.default_rng(0)
     f32 = np.float32
 
@@ -37,13 +38,15 @@ def _cases():
     for name in activation.ACTIVATIONS:
         # backward gets what the op's forward saved: the kernel's where the op
         # runs the kernel forward (relu's mask), else the xp one
-        for fused, fwd_set, bwd_set in ((True, activation.FUSED_FORWARD, activation.FUSED_BACKWARD),
-                                        (False, activation.FORWARD, activation.BACKWARD)):
+        for fused in (True, False):
+            op = f"linear_{name}" if fused else name
+            fwd_used, bwd_used = (kernels.lookup(op, x, step=step) is not None
+                                  for step in ("forward", "backward"))
             bias = b if fused else None
             pre = x + b if fused else x
             saved_xp = unary.act_forward(name, pre)[1]
             saved_k = activation.forward(x.copy(), bias, name, inplace=fused)[1] \
-                if name in fwd_set else saved_xp
+                if fwd_used else saved_xp
             label = f"bias+{name}" if fused else f"{name} (no bias)"
 
             def xp_fwd(h, name=name, fused=fused):
@@ -62,8 +65,8 @@ def _cases():
                 return activation.backward(g, saved, name, bias_grad=fused)
 
             cases.append((f"{label} fwd", "256x1024", xp_fwd, k_fwd, lambda: (x.copy(),),
-                          name in fwd_set))
-            cases.append((f"{label} bwd", "256x1024", xp_bwd, k_bwd, tuple, name in bwd_set))
+                          fwd_used))
+            cases.append((f"{label} bwd", "256x1024", xp_bwd, k_bwd, tuple, bwd_used))
 
     for n, c in ((256, 10), (256, 32), (256, 64), (256, 100), (256, 1000), (256, 32000)):
         logits, labels = randn(n, c), rng.integers(0, c, n)
@@ -89,7 +92,7 @@ def _cases():
         def k_ce_bwd(probs=probs, labels=labels):
             return loss.backward(probs, labels, np.full(len(labels), 1.0 / len(labels), f32))
 
-        used = n * c <= loss.OP_MAX_SIZE
+        used = kernels.lookup("cross_entropy", logits) is not None
         cases.append(("cross_entropy fwd", f"{n}x{c}", xp_ce_fwd, k_ce_fwd, tuple, used))
         cases.append(("cross_entropy bwd", f"{n}x{c}", xp_ce_bwd, k_ce_bwd, tuple, used))
 
@@ -135,20 +138,13 @@ def _cases():
     adam = optimizer_case(lambda ps: sn.optim.Adam(ps, lr=1e-3))
     cases.append(("SGD momentum step", "1024x1024", sgd[0], sgd[1], tuple, True))
     cases.append(("Adam step", "1024x1024", adam[0], adam[1], tuple, True))
-    assert optim_kernels.enabled(p, gp)
+    assert kernels.lookup("sgd", p, gp, step="update") is optim_kernels.sgd_update
     return cases
 
 
 def _with_kernels(value, fn):
-    old = os.environ.get("SPMDNET_KERNELS")
-    os.environ["SPMDNET_KERNELS"] = value
-    try:
+    with kernels.use(value):
         return fn()
-    finally:
-        if old is None:
-            del os.environ["SPMDNET_KERNELS"]
-        else:
-            os.environ["SPMDNET_KERNELS"] = old
 
 
 def median_us(pairs, repeat):
@@ -174,7 +170,6 @@ def main():
             os.environ.update({v: str(args.threads) for v in
                                ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
             os.execv(sys.executable, [sys.executable] + sys.argv)  # BLAS reads it at import
-    from spmdnet import kernels
     seconds = kernels.warmup()
     cases = _cases()
     for _, _, xp_fn, k_fn, setup, _ in cases:  # compile what warmup did not (none, normally)

@@ -88,11 +88,11 @@ def build_ours(x, y, kernels="numba"):
     xt = sn.Tensor(x)
 
     def step():
-        os.environ["SPMDNET_KERNELS"] = kernels  # read at call time, by every op
-        loss = F.cross_entropy(model(xt), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        with sn.kernels.use(kernels):  # "numba" or "xp", for this step only
+            loss = F.cross_entropy(model(xt), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     return step
 
 

@@ -6,11 +6,14 @@ import os
 
 KNOBS = {
     "SPMDNET_DEVICE": "cpu | gpu | auto (default auto: gpu when CuPy sees one)",
-    "SPMDNET_KERNELS": "numba | xp (default numba when Numba imports)",
-    "SPMDNET_KERNEL_CACHE": "1 | 0 (default 0): keep compiled kernels on disk between runs "
-                            "(rank 0 compiles first; see kernels.warmup)",
-    "SPMDNET_KERNEL_CACHE_DIR": "directory for that cache (default node-local: "
-                                "$SLURM_TMPDIR, else $TMPDIR or /tmp, /spmdnet-numba-$USER)",
+    "SPMDNET_KERNELS": "numba | xp (default numba when Numba imports): whether ops take "
+                       "the Numba kernels; read once, at the first op (kernels.use() "
+                       "changes it for a block)",
+    "SPMDNET_KERNEL_CACHE": "1 | 0 (default 1): keep compiled kernels on disk between runs "
+                            "(kernels.warmup(comm=...) compiles in rank order)",
+    "SPMDNET_CACHE_DIR": "spmdnet's per-user cache directory (default "
+                         "$XDG_CACHE_HOME/spmdnet, else ~/.cache/spmdnet); compiled "
+                         "kernels go to its kernels-<sources hash>/",
     "SPMDNET_ABORT_ON_ERROR": "1 | 0 (default 1: an uncaught exception aborts "
                               "the whole MPI job)",
     "SPMDNET_CUDA_AWARE": "1 | 0 | auto (default auto: probe the MPI library)",
@@ -18,9 +21,12 @@ KNOBS = {
     "SPMDNET_DEBUG_COLLECTIVES": "1 | 0 (default 0): ranks compare every collective "
                                  "(op, shape, dtype, sequence) before calling it",
     "SPMDNET_WATCHDOG_S": "seconds a collective may wait before every waiting rank "
-                          "reports it (default: off)",
+                          "reports it (default 300; 0 turns the watchdog off)",
     "SPMDNET_WATCHDOG_ABORT_S": "seconds after which a stalled job is aborted (default "
-                                "2 x SPMDNET_WATCHDOG_S)",
+                                "2 x SPMDNET_WATCHDOG_S = 600, PyTorch's collective "
+                                "timeout; 0: report, never abort)",
+    "SPMDNET_EXIT_TIMEOUT_S": "seconds a rank that left the program waits for the others "
+                              "to leave too before aborting the job (default 30; 0: no wait)",
 }
 
 

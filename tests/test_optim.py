@@ -5,15 +5,16 @@ import math
 import numpy as np
 import pytest
 
+import spmdnet.kernels
 from spmdnet.optim import SGD, Adam, AdamW, clip_grad_norm_
 from spmdnet.optim.lr_scheduler import LambdaLR, StepLR, WarmupCosine
 
 
 @pytest.fixture(autouse=True, params=["numba", "xp"])
-def kernels(request, monkeypatch):
+def kernels(request):
     """Every test runs on the fused Numba kernels and on the plain-xp path."""
-    monkeypatch.setenv("SPMDNET_KERNELS", request.param)
-    return request.param
+    with spmdnet.kernels.use(request.param):
+        yield request.param
 
 
 class P:

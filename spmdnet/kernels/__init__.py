@@ -8,46 +8,63 @@ loss           softmax cross-entropy, fwd/bwd          ops.nn_ops.CrossEntropy
 norm           layer norm, forward/backward            ops.nn_ops.LayerNorm
 embedding      embedding backward (row scatter-add)    ops.nn_ops.Embedding
 optim_kernels  SGD and Adam/AdamW updates              optim.SGD, optim.Adam
-special        vectorisable float32 exp, erf, tanh     the kernels above
+special        float32 exp, erf, tanh for kernels;     the kernels above; ``erf_array``:
+               erf on arrays in plain xp               ops.unary's exact GELU
 reduce         8-lane row sums/max; CUDA block sums    the kernels above
 =============  ======================================  ===================================
 
-The ops take a kernel when ``SPMDNET_KERNELS=numba`` (the default), the
-arrays qualify (``_jit.target``: NumPy float32/float64, or CuPy with a
-usable numba.cuda) and benchmarks/kernels.py measured it at least 2x faster
-than the xp code it replaces (the tables in activation.py, the size limit
-in loss.py). Every kernel is a plain Python body compiled for the CPU at
-first use, single-threaded (see ``_jit.njit_serial``), plus a numba.cuda
-variant for CuPy arrays. ``warmup()`` compiles them up front and reports how
-long that took, so compilation stays out of step timings;
-``SPMDNET_KERNEL_CACHE=1`` keeps them on disk (``_jit.compile_in_order``).
+The one seam between ops and kernels is ``lookup(op, *arrays, step=...)``:
+a kernel to call, or None (then the op runs its xp code). All policy is
+``dispatch.TABLE``; the switch is ``SPMDNET_KERNELS`` (``numba``, the
+default, or ``xp``), read once, and ``with kernels.use("xp"): ...`` for a
+block.
+
+Behind it, one module per job: ``_numba`` (the only ``import numba``),
+``_cpu`` (a plain Python body compiled at its first call, single-threaded),
+``_cuda`` (numba.cuda imported at first need, one cached builder of every
+module's CUDA kernels, launches on CuPy's stream), ``_float32`` (float32
+fast paths of transcendental functions), ``_cache`` (the disk cache, on by
+default), ``_target`` (which arrays a kernel takes). ``warmup()`` compiles
+every kernel up front, in rank order with ``comm`` (``compile_in_order``,
+in ``spmdnet.distributed.compile_order``), and reports how long it took.
 """
 import time
 
 import numpy as np
 
 from .._tensor import get_default_dtype
-from . import _jit, activation, embedding, loss, norm, optim_kernels
-from ._jit import cache_dir, compile_in_order, compile_seconds
+from ..distributed import compile_order
+from . import _cache, activation, embedding, loss, norm, optim_kernels
+from ._cache import cache_dir
+from ._numba import compile_seconds
+from .dispatch import TABLE, enabled, lookup, mode, use
 from .special import erf_array as erf
 
-__all__ = ["erf", "warmup", "compile_seconds", "cache_dir", "compile_in_order"]
+__all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compile_seconds",
+           "cache_dir", "compile_in_order"]
 
 _MODULES = (activation, loss, norm, embedding, optim_kernels)
 
 
+def compile_in_order(compile_fn, comm=None):
+    """``compile_fn()`` on every rank of ``comm``, in turns (rank 0, one rank
+    per other host, the rest) while the kernel disk cache is on; see
+    ``spmdnet.distributed.compile_order.compile_in_order``."""
+    cache = cache_dir() if _cache.use() else None
+    return compile_order.compile_in_order(compile_fn, comm, cache=cache)
+
+
 def warmup(dtypes=None, comm=None):
-    """Compile every CPU kernel now and return the seconds it took (0 when
-    kernels are off or Numba is missing).
+    """Compile every CPU kernel now (or load it from the disk cache) and
+    return the seconds it took (0 when kernels are off or Numba is missing).
 
     ``dtypes``: the float dtypes to compile for (default: spmdnet's default
-    dtype). ``comm`` (an mpi4py communicator, optional): with the disk cache
-    on (``SPMDNET_KERNEL_CACHE=1``) rank 0 compiles first, then one rank per
-    other host, then the rest, which load from the cache
-    (``compile_in_order``); every rank of ``comm`` must call this then."""
+    dtype). ``comm`` (an mpi4py communicator, optional): rank 0 compiles
+    first, then one rank per other host, then the rest, which load from the
+    cache (``compile_in_order``); every rank of ``comm`` must call this then."""
     if dtypes is None:
         dtypes = [get_default_dtype()]
-    if not _jit.kernels_on():
+    if not enabled():
         return 0.0
 
     def compile_all():

@@ -12,21 +12,19 @@ What is saved for backward works with the plain-xp reference
 either direction: the output for tanh and sigmoid; for relu the output (xp)
 or the boolean mask output > 0 (kernels: a quarter of the bytes to stream
 back); (input, Φ(input)) for gelu and (input, tanh(...)) for gelu_tanh.
-
-Where the ops run these kernels (``FUSED_FORWARD``, ``FUSED_BACKWARD`` for the
-fused linear layer; ``FORWARD``, ``BACKWARD`` for the activation ops) is
-where benchmarks/kernels.py measured them at least 2x faster than the xp
-code, float32, 256x1024. The rest are one NumPy pass already (relu's and
-tanh's forward without a bias), memory-bound passes that gain 1.4-2x
-(tanh's and sigmoid's backward without a bias; relu's without the mask that
-its kernel forward saves), or use tanh or exp, which NumPy's AVX-512 loops
-compute faster than special.py (tanh, sigmoid forward).
+Where the ops run these kernels: dispatch.py's table.
 """
+import functools
 import math
 
 import numpy as np
 
-from . import _jit, special
+from ..backend import xp_of
+from . import special
+from ._cpu import CpuKernel
+from ._cuda import Builder, launch
+from ._numba import njit_inline, prange
+from ._target import check_target
 
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "tanh": 3, "sigmoid": 4}
 # The formulas are the xp ones, except that gelu_tanh and sigmoid use
@@ -35,48 +33,41 @@ ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "tanh": 3, "sigmoid": 4}
 RELU, GELU, GELU_TANH, TANH, SIGMOID = range(5)
 SAVES_INPUT = {"gelu", "gelu_tanh"}  # saved: (input, aux); the others: the output
 
-FUSED_FORWARD = {"relu", "gelu", "gelu_tanh"}  # ops.linalg.LinearAct: bias, in place
-FUSED_BACKWARD = {"relu", "gelu", "gelu_tanh", "sigmoid"}  # and the bias gradient
-FORWARD = {"gelu", "gelu_tanh"}  # ops.unary's activation ops
-BACKWARD = {"gelu", "gelu_tanh"}
-
 _CONSTANTS = (0.0, 1.0, 0.5, 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi),
               math.sqrt(2.0 / math.pi), 0.044715, 3 * 0.044715)
-_constants_by_dtype = {}
 
 
+@functools.lru_cache
 def _constants(dtype):
     """The constants above in ``dtype``, so float32 kernels compute in float32
     with float32-rounded constants, as NumPy does with the xp ops."""
-    if dtype not in _constants_by_dtype:
-        _constants_by_dtype[dtype] = tuple(dtype.type(c) for c in _CONSTANTS)
-    return _constants_by_dtype[dtype]
+    return tuple(dtype.type(c) for c in _CONSTANTS)
 
 
 # -- the activations: value (and aux, what backward needs besides) and gradient ---------
 # c holds _CONSTANTS in the arrays' dtype; the formulas follow ops.unary's.
-@_jit.njit_inline
+@njit_inline
 def _relu(v, c):
     return (c[0] if v < c[0] else v), v > c[0]  # NaN and -0.0 pass, as np.maximum
 
 
-@_jit.njit_inline
+@njit_inline
 def _relu_grad(g, y, aux, c):
     return g * (c[1] if y > c[0] else c[0])  # y: the output, or the mask y > 0
 
 
-@_jit.njit_inline
+@njit_inline
 def _gelu(v, c):
     cdf = c[2] * (c[1] + special.erf(v * c[3]))
     return v * cdf, cdf
 
 
-@_jit.njit_inline
+@njit_inline
 def _gelu_grad(g, x, cdf, c):
     return g * (cdf + x * (c[4] * special.exp(-c[2] * x * x)))
 
 
-@_jit.njit_inline
+@njit_inline
 def _gelu_tanh(v, c):
     # 0.5 v (1 + tanh(z)) = v s with s = 1 / (1 + e**-2z), and tanh(z) = 2 s - 1:
     # accurate where 1 + tanh(z) is small (z << 0), unlike 1 + a tanh polynomial
@@ -85,33 +76,33 @@ def _gelu_tanh(v, c):
     return v * s, (s + s) - c[1]
 
 
-@_jit.njit_inline
+@njit_inline
 def _gelu_tanh_grad(g, x, t, c):
     dt = (c[1] - t * t) * c[5] * (c[1] + c[7] * x * x)
     return g * (c[2] * (c[1] + t) + c[2] * x * dt)
 
 
-@_jit.njit_inline
+@njit_inline
 def _tanh(v, c):
     return special.tanh(v), c[0]
 
 
-@_jit.njit_inline
+@njit_inline
 def _tanh_grad(g, y, aux, c):
     return g * (c[1] - y * y)
 
 
-@_jit.njit_inline
+@njit_inline
 def _sigmoid(v, c):
     return c[1] / (c[1] + special.exp(-v)), c[0]  # e**-v = inf gives 0, as it should
 
 
-@_jit.njit_inline
+@njit_inline
 def _sigmoid_grad(g, y, aux, c):
     return g * y * (c[1] - y)
 
 
-@_jit.njit_inline
+@njit_inline
 def _value(v, kind, c):
     """(activation, aux) of kind ``kind``, chosen per element (CUDA kernels)."""
     if kind == RELU:
@@ -126,7 +117,7 @@ def _value(v, kind, c):
     return _sigmoid(v, c)
 
 
-@_jit.njit_inline
+@njit_inline
 def _grad(g, s, aux, kind, c):
     if kind == RELU:
         return _relu_grad(g, s, aux, c)
@@ -140,11 +131,11 @@ def _grad(g, s, aux, kind, c):
 
 
 # -- loops over rows, generic in the scalar function ----------------------------------
-@_jit.njit_inline
+@njit_inline
 def _map_inplace(h, bias, aux, fn, c):
     """h, aux = fn(h + bias) (bias and aux may be empty)."""
     with_bias, with_aux = bias.shape[0] > 0, aux.shape[1] > 0
-    for i in _jit.prange(h.shape[0]):
+    for i in prange(h.shape[0]):
         for j in range(h.shape[1]):
             y, a = fn(h[i, j] + bias[j] if with_bias else h[i, j], c)
             h[i, j] = y
@@ -152,12 +143,12 @@ def _map_inplace(h, bias, aux, fn, c):
                 aux[i, j] = a
 
 
-@_jit.njit_inline
+@njit_inline
 def _map(x, bias, out, aux, store_pre, fn, c):
     """out, aux = fn(x + bias); with store_pre also x = x + bias (aux may be empty);
     call with a constant store_pre (a variable one stopped LLVM vectorising sigmoid)."""
     with_bias, with_aux = bias.shape[0] > 0, aux.shape[1] > 0
-    for i in _jit.prange(x.shape[0]):
+    for i in prange(x.shape[0]):
         for j in range(x.shape[1]):
             v = x[i, j] + bias[j] if with_bias else x[i, j]
             if store_pre:
@@ -168,7 +159,7 @@ def _map(x, bias, out, aux, store_pre, fn, c):
                 aux[i, j] = a
 
 
-@_jit.njit_inline
+@njit_inline
 def _grad_map(g, saved, aux, gx, gb, fn, c):
     """gx = fn(g, saved, aux); gb (unless empty) = column sums of gx, in row order."""
     with_aux, with_bias = aux.shape[1] > 0, gb.shape[0] > 0
@@ -243,22 +234,24 @@ def _sigmoid_backward(g, saved, aux, gx, gb, c):
     _grad_map(g, saved, aux, gx, gb, _sigmoid_grad, c)
 
 
-_cpu = {(name, step): _jit.CpuKernel(globals()[f"_{name}_{step}"])
-        for name in ACTIVATIONS for step in ("forward", "backward")}
-_cpu.update({(name, "forward_inplace"): _jit.CpuKernel(globals()[f"_{name}_forward_inplace"])
-             for name in ACTIVATIONS if name not in SAVES_INPUT})
+# (in place, forward, backward) bodies of each activation; gelu and gelu_tanh
+# have no in-place forward (their input is saved for backward)
+_BODIES = {
+    "relu": (_relu_forward_inplace, _relu_forward, _relu_backward),
+    "gelu": (None, _gelu_forward, _gelu_backward),
+    "gelu_tanh": (None, _gelu_tanh_forward, _gelu_tanh_backward),
+    "tanh": (_tanh_forward_inplace, _tanh_forward, _tanh_backward),
+    "sigmoid": (_sigmoid_forward_inplace, _sigmoid_forward, _sigmoid_backward),
+}
+_cpu = {(name, step): CpuKernel(body) for name, bodies in _BODIES.items()
+        for step, body in zip(("forward_inplace", "forward", "backward"), bodies) if body}
+
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
 
 
-cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
-# the CUDA simulator swaps it inside kernels)
-
-
-def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
-    if cache:
-        return cache[0]
-    global cuda
-    cuda = _jit.cuda()
-
+@Builder
+def _cuda_kernels():
+    """One kernel per step for every activation (``kind`` picks it per element)."""
     def forward(x, bias, out, aux, store_pre, kind, c):
         k = cuda.grid(1)
         if k < x.size:
@@ -286,9 +279,7 @@ def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
                 acc += a[i, j]
             out[j] = acc
 
-    cache.append({"forward": _jit.cuda_jit(forward), "backward": _jit.cuda_jit(backward),
-                  "column_sums": _jit.cuda_jit(column_sums)})
-    return cache[0]
+    return {"forward": forward, "backward": backward, "column_sums": column_sums}
 
 
 def _code(activation):
@@ -312,13 +303,13 @@ def forward(x, bias=None, activation="relu", inplace=False):
     (a product's output): out is x itself for relu/tanh/sigmoid, and for
     gelu x receives x + bias. Otherwise x is left untouched."""
     kind = _code(activation)
-    where = _jit.check_target("activation", x, bias)
+    where = check_target("activation", x, bias)
     if bias is not None and bias.shape != x.shape[-1:]:
         raise ValueError(f"bias of shape {bias.shape} does not match the last axis of "
                          f"the input {x.shape}")
     if inplace and not x.flags.c_contiguous:
         raise ValueError("inplace=True needs a C-contiguous input")
-    xp = _jit.xp_for(x)
+    xp = xp_of(x)
     b = bias if bias is not None else xp.empty(0, x.dtype)
     b = b if b.flags.c_contiguous else xp.ascontiguousarray(b)
     c = _constants(x.dtype)
@@ -356,8 +347,8 @@ def _run_forward(where, activation, kind, x, args):
     elif where == "cpu":  # store_pre is False: no x + bias to keep
         _cpu[activation, "forward"](*args[:4], args[5])
     else:
-        _jit.launch(_cuda_kernels()["forward"], args[0].size, *args[:5], kind, args[5],
-                    stream_of=x)
+        launch(_cuda_kernels()["forward"], args[0].size, *args[:5], kind, args[5],
+               stream_of=x)
 
 
 def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
@@ -369,7 +360,7 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
     mask = s.dtype == np.bool_
     if mask and activation != "relu":
         raise TypeError(f"a boolean saved array is relu's mask, not {activation}'s")
-    where = _jit.check_target("activation", g, None if mask else s, aux, bias_out)
+    where = check_target("activation", g, None if mask else s, aux, bias_out)
     if g.shape != s.shape or (aux is not None and aux.shape != s.shape):
         raise ValueError(f"gradient shape {g.shape} does not match the saved "
                          f"{s.shape}{'' if aux is None else f' and {aux.shape}'}")
@@ -377,7 +368,7 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
     if bias_out is not None and (bias_out.shape != (m,) or not bias_out.flags.c_contiguous):
         raise ValueError(f"bias_out must be C-contiguous of shape ({m},), got "
                          f"{bias_out.shape}")
-    xp = _jit.xp_for(g)
+    xp = xp_of(g)
     gb = None
     if bias_grad:
         gb = bias_out if bias_out is not None else xp.empty(m, g.dtype)
@@ -394,9 +385,9 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
                                      c)
     else:
         kernels = _cuda_kernels()
-        _jit.launch(kernels["backward"], g2.size, g2, s2, aux2, gx2, kind, c, stream_of=g)
+        launch(kernels["backward"], g2.size, g2, s2, aux2, gx2, kind, c, stream_of=g)
         if gb is not None:
-            _jit.launch(kernels["column_sums"], m, gx2, gb, stream_of=g)
+            launch(kernels["column_sums"], m, gx2, gb, stream_of=g)
     return gx, gb
 
 

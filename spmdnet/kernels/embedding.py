@@ -9,7 +9,10 @@ an order that changes from run to run.
 """
 import numpy as np
 
-from . import _jit
+from ..backend import xp_of
+from ._cpu import CpuKernel
+from ._cuda import Builder, launch
+from ._target import check_target
 
 
 def _scatter_rows(out, indices, g):
@@ -20,19 +23,13 @@ def _scatter_rows(out, indices, g):
             out[r, j] += g[i, j]
 
 
-_cpu = {"scatter_rows": _jit.CpuKernel(_scatter_rows)}
+_cpu = {"scatter_rows": CpuKernel(_scatter_rows)}
+
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
 
 
-cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
-# the CUDA simulator swaps it inside kernels)
-
-
-def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
-    if cache:
-        return cache[0]
-    global cuda
-    cuda = _jit.cuda()
-
+@Builder
+def _cuda_kernels():
     def scatter_segments(out, rows, starts, order, g):
         """Thread (segment s, column j): out[rows[s], j] += the g rows of
         segment s (positions order[starts[s]:starts[s + 1]]), in order."""
@@ -45,20 +42,19 @@ def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
                 acc += g[order[q], j]
             out[rows[s], j] = acc
 
-    cache.append({"scatter_segments": _jit.cuda_jit(scatter_segments)})
-    return cache[0]
+    return {"scatter_segments": scatter_segments}
 
 
 def backward(g, indices, num_embeddings, out=None):
     """The weight gradient (num_embeddings, D) of ``weight[indices]`` given
     its output gradient g (indices.shape + (D,)); written into ``out`` (a
     gradient buffer) when given, else a new array."""
-    where = _jit.check_target("embedding", g, out)
+    where = check_target("embedding", g, out)
     d = g.shape[-1] if g.ndim else 0
     if indices.dtype.kind not in "iu" or g.shape != indices.shape + (d,):
         raise ValueError(f"embedding kernels: gradient {g.shape} does not fit integer "
                          f"indices {indices.shape} of {indices.dtype}")
-    xp = _jit.xp_for(g)
+    xp = xp_of(g)
     shape = (num_embeddings, d)
     if out is None:
         out = xp.zeros(shape, g.dtype)
@@ -82,8 +78,8 @@ def backward(g, indices, num_embeddings, out=None):
     first = xp.flatnonzero(xp.concatenate([xp.ones(1, bool), ordered[1:] != ordered[:-1]]))
     starts = xp.concatenate([first, xp.asarray([n])]).astype(xp.int64)
     rows = ordered[first].astype(xp.int64)
-    _jit.launch(_cuda_kernels()["scatter_segments"], rows.size * d, out, rows, starts,
-                order.astype(xp.int64), g2, stream_of=g)
+    launch(_cuda_kernels()["scatter_segments"], rows.size * d, out, rows, starts,
+           order.astype(xp.int64), g2, stream_of=g)
     return out
 
 

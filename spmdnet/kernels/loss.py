@@ -5,19 +5,22 @@ Forward keeps the softmax (N, C), as the reference keeps log-probabilities;
 backward is then ``(softmax - onehot) * scale`` in one pass. The plain-xp
 reference is ``spmdnet.ops.nn_ops.CrossEntropy``.
 
-The op uses these kernels for logits of up to ``OP_MAX_SIZE`` elements,
-where benchmarks/kernels.py measured forward and backward together at least
-2x faster (256x10: 2.4x). Larger logits make the forward exp-bound, and
-NumPy's AVX-512 exp loop outruns special.exp (LLVM vectorises 8 wide): the
-pair then gains only 1.4-1.7x (1.5x at 256x32000).
+The op uses these kernels for small logits only (dispatch.py's table,
+``CROSS_ENTROPY_MAX_SIZE``).
 """
 import math
 
 import numpy as np
 
-from . import _jit, reduce, special
+from ..backend import xp_of
+from . import reduce, special
+from ._cpu import CpuKernel
+from ._cuda import Builder, launch, launch_rows
+from ._numba import numba, prange
+from ._target import check_target
 
-OP_MAX_SIZE = 1 << 14
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
+THREADS = reduce.THREADS  # per block, in the row kernels
 
 
 def _forward(x, labels, losses, probs, c):
@@ -38,7 +41,7 @@ def _forward(x, labels, losses, probs, c):
 def _backward(probs, labels, scale, grad, c):
     """grad[i] = (probs[i] - onehot(labels[i])) * scale[i]."""
     one = c[1]
-    for i in _jit.prange(probs.shape[0]):
+    for i in prange(probs.shape[0]):
         s = scale[i]
         for j in range(probs.shape[1]):
             grad[i, j] = probs[i, j] * s
@@ -46,36 +49,28 @@ def _backward(probs, labels, scale, grad, c):
         grad[i, k] = (probs[i, k] - one) * s
 
 
-_cpu = {"forward": _jit.CpuKernel(_forward), "backward": _jit.CpuKernel(_backward)}
+_cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
 
 
-cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
-# the CUDA simulator swaps it inside kernels)
-
-
-def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
-    if cache:
-        return cache[0]
-    global cuda
-    cuda, threads = _jit.cuda(), reduce.THREADS
-    block_sum, block_max = reduce.cuda_block_helpers()
-    f64 = _jit.numba.float64
+@Builder
+def _cuda_kernels():
+    block_reduce = reduce.cuda_device_functions()["block_reduce"]
 
     def forward(x, labels, losses, probs, c):  # one block per row
         i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        buf = cuda.shared.array(threads, f64)
+        buf = cuda.shared.array(THREADS, numba.float64)
         m = c[2]
-        for j in range(t, x.shape[1], threads):
+        for j in range(t, x.shape[1], THREADS):
             if x[i, j] > m:
                 m = x[i, j]
-        m = block_max(buf, t, m)
+        m = block_reduce(buf, t, m, True)
         s = 0.0
-        for j in range(t, x.shape[1], threads):
+        for j in range(t, x.shape[1], THREADS):
             e = special.exp(x[i, j] - m)
             probs[i, j] = e
             s += e
-        s = block_sum(buf, t, s)
-        for j in range(t, x.shape[1], threads):
+        s = block_reduce(buf, t, s, False)
+        for j in range(t, x.shape[1], THREADS):
             probs[i, j] /= s
         if t == 0:
             losses[i] = math.log(s) - (x[i, labels[i]] - m)
@@ -89,8 +84,7 @@ def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
                 p -= c[1]
             grad[i, j] = p * scale[i]
 
-    cache.append({"forward": _jit.cuda_jit(forward), "backward": _jit.cuda_jit(backward)})
-    return cache[0]
+    return {"forward": forward, "backward": backward}
 
 
 _CONSTANTS = {}
@@ -117,13 +111,13 @@ def forward(logits, labels, check=True):
     """``(losses, probs)``: the per-row losses (N,) and the softmax (N, C),
     which ``backward`` needs. ``check=False`` skips the labels' range check
     (for callers that made it already: an index out of range is undefined)."""
-    where = _jit.check_target("cross-entropy", logits)
+    where = check_target("cross-entropy", logits)
     if logits.ndim != 2:
         raise ValueError(f"cross-entropy kernels: logits must be (N, C), got {logits.shape}")
     n, classes = logits.shape
     if check:
         _check_labels(logits, labels)
-    xp = _jit.xp_for(logits)
+    xp = xp_of(logits)
     losses, probs = xp.empty(n, logits.dtype), xp.empty(logits.shape, logits.dtype)
     if logits.size == 0:
         if n:
@@ -134,19 +128,18 @@ def forward(logits, labels, check=True):
     if where == "cpu":
         _cpu["forward"](x, labels, losses, probs, c)
     else:
-        _jit.launch_rows(_cuda_kernels()["forward"], n, x, labels, losses, probs, c,
-                         stream_of=x, threads=reduce.THREADS)
+        launch_rows(_cuda_kernels()["forward"], n, x, labels, losses, probs, c, stream_of=x)
     return losses, probs
 
 
 def backward(probs, labels, scale):
     """d(sum_i scale[i] * loss_i)/d logits = (probs - onehot) * scale[:, None],
     from ``forward``'s probs (labels as given to forward: not checked again)."""
-    where = _jit.check_target("cross-entropy", probs, scale)
+    where = check_target("cross-entropy", probs, scale)
     if probs.ndim != 2 or scale.shape != probs.shape[:1] or labels.shape != scale.shape:
         raise ValueError(f"cross-entropy kernels: probs {probs.shape}, labels "
                          f"{labels.shape}, scale {scale.shape} do not fit")
-    xp = _jit.xp_for(probs)
+    xp = xp_of(probs)
     grad = xp.empty(probs.shape, probs.dtype)
     if grad.size == 0:
         return grad
@@ -155,7 +148,7 @@ def backward(probs, labels, scale):
     if where == "cpu":
         _cpu["backward"](*args)
     else:
-        _jit.launch(_cuda_kernels()["backward"], grad.size, *args, stream_of=probs)
+        launch(_cuda_kernels()["backward"], grad.size, *args, stream_of=probs)
     return grad
 
 

@@ -10,7 +10,15 @@ import math
 
 import numpy as np
 
-from . import _jit, reduce
+from ..backend import xp_of
+from . import reduce
+from ._cpu import CpuKernel
+from ._cuda import Builder, launch, launch_rows
+from ._numba import numba, prange
+from ._target import check_target
+
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
+THREADS = reduce.THREADS  # per block, in the row kernels
 
 
 def _forward(x, weight, bias, out, mean, rstd, c):
@@ -18,7 +26,7 @@ def _forward(x, weight, bias, out, mean, rstd, c):
     empty); c = (0, 1, D, eps) in x's dtype."""
     affine = weight.shape[0] > 0
     zero, one, d, eps = c
-    for i in _jit.prange(x.shape[0]):
+    for i in prange(x.shape[0]):
         mu = reduce.row_sum(x, i, zero) / d
         for j in range(x.shape[1]):
             out[i, j] = x[i, j] - mu
@@ -59,34 +67,23 @@ def _backward(g, x, weight, mean, rstd, gx, gw, gb, xhat, c):
             gx[i, j] = r * (gx[i, j] - a - xhat[0, j] * b)
 
 
-_cpu = {"forward": _jit.CpuKernel(_forward), "backward": _jit.CpuKernel(_backward)}
-
-
-cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
-# the CUDA simulator swaps it inside kernels)
-
-
-def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
-    if cache:
-        return cache[0]
-    global cuda
-    cuda, threads = _jit.cuda(), reduce.THREADS
-    block_sum = reduce.cuda_block_helpers()[0]
-    f64 = _jit.numba.float64
+@Builder
+def _cuda_kernels():
+    block_reduce = reduce.cuda_device_functions()["block_reduce"]
 
     def forward(x, weight, bias, out, mean, rstd, c):  # one block per row
         i, t, eps = cuda.blockIdx.x, cuda.threadIdx.x, c[3]
-        buf = cuda.shared.array(threads, f64)
+        buf = cuda.shared.array(THREADS, numba.float64)
         d = x.shape[1]
         s = 0.0
-        for j in range(t, d, threads):
+        for j in range(t, d, THREADS):
             s += x[i, j]
-        mu = block_sum(buf, t, s) / d
+        mu = block_reduce(buf, t, s, False) / d
         s = 0.0
-        for j in range(t, d, threads):
+        for j in range(t, d, THREADS):
             s += (x[i, j] - mu) * (x[i, j] - mu)
-        r = 1.0 / math.sqrt(block_sum(buf, t, s) / d + eps)
-        for j in range(t, d, threads):
+        r = 1.0 / math.sqrt(block_reduce(buf, t, s, False) / d + eps)
+        for j in range(t, d, THREADS):
             v = (x[i, j] - mu) * r
             out[i, j] = v * weight[j] + bias[j] if weight.shape[0] > 0 else v
         if t == 0:
@@ -95,18 +92,18 @@ def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
 
     def backward_rows(g, x, weight, mean, rstd, gx):  # one block per row
         i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        buf = cuda.shared.array(threads, f64)
+        buf = cuda.shared.array(THREADS, numba.float64)
         d = x.shape[1]
         mu, r = mean[i], rstd[i]
         sa = sb = 0.0
-        for j in range(t, d, threads):
+        for j in range(t, d, THREADS):
             gh = g[i, j] * weight[j] if weight.shape[0] > 0 else g[i, j]
             gx[i, j] = gh
             sa += gh
             sb += gh * (x[i, j] - mu) * r
-        a = block_sum(buf, t, sa) / d
-        b = block_sum(buf, t, sb) / d
-        for j in range(t, d, threads):
+        a = block_reduce(buf, t, sa, False) / d
+        b = block_reduce(buf, t, sb, False) / d
+        for j in range(t, d, THREADS):
             gx[i, j] = r * (gx[i, j] - a - (x[i, j] - mu) * r * b)
 
     def backward_params(g, x, mean, rstd, gw, gb):  # one thread per column, rows in order
@@ -121,9 +118,11 @@ def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
             if gb.shape[0] > 0:
                 gb[j] = sb
 
-    cache.append({"forward": _jit.cuda_jit(forward), "backward_rows": _jit.cuda_jit(backward_rows),
-                  "backward_params": _jit.cuda_jit(backward_params)})
-    return cache[0]
+    return {"forward": forward, "backward_rows": backward_rows,
+            "backward_params": backward_params}
+
+
+_cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
 
 
 def _constants(dtype, d, eps):
@@ -150,10 +149,10 @@ def _affine(xp, x, weight, bias):
 def forward(x, weight=None, bias=None, eps=1e-5):
     """``(out, mean, rstd)`` of layer norm over the last axis; mean and rstd
     have x's shape without its last axis."""
-    where = _jit.check_target("layer_norm", x, weight, bias)
+    where = check_target("layer_norm", x, weight, bias)
     if x.ndim == 0:
         raise ValueError("layer_norm kernels: the input needs at least one axis")
-    xp = _jit.xp_for(x)
+    xp = xp_of(x)
     w, b = _affine(xp, x, weight, bias)
     out = xp.empty(x.shape, x.dtype)
     mean, rstd = xp.empty(x.shape[:-1], x.dtype), xp.empty(x.shape[:-1], x.dtype)
@@ -165,8 +164,7 @@ def forward(x, weight=None, bias=None, eps=1e-5):
     if where == "cpu":
         _cpu["forward"](*args)
     else:
-        _jit.launch_rows(_cuda_kernels()["forward"], x2.shape[0], *args, stream_of=x,
-                         threads=reduce.THREADS)
+        launch_rows(_cuda_kernels()["forward"], x2.shape[0], *args, stream_of=x)
     return out, mean, rstd
 
 
@@ -175,11 +173,11 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
     """``(gx, gw, gb)`` from ``forward``'s mean and rstd; gw and gb (None
     unless wanted, or without a weight) are written into ``weight_out`` and
     ``bias_out`` when given (gradient buffers)."""
-    where = _jit.check_target("layer_norm", g, x, weight, mean, rstd)
+    where = check_target("layer_norm", g, x, weight, mean, rstd)
     if g.shape != x.shape or mean.shape != x.shape[:-1] or rstd.shape != mean.shape:
         raise ValueError(f"layer_norm kernels: gradient {g.shape}, input {x.shape}, mean "
                          f"{mean.shape}, rstd {rstd.shape} do not fit")
-    xp = _jit.xp_for(x)
+    xp = xp_of(x)
     d = x.shape[-1]
     w = xp.empty(0, x.dtype) if weight is None else xp.ascontiguousarray(weight)
     if weight is not None and w.shape != (d,):
@@ -210,10 +208,10 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
                          _constants(x.dtype, d, 0.0))
     else:
         kernels = _cuda_kernels()
-        _jit.launch_rows(kernels["backward_rows"], x2.shape[0], g2, x2, w, m1, r1, gx2,
-                         stream_of=x, threads=reduce.THREADS)
+        launch_rows(kernels["backward_rows"], x2.shape[0], g2, x2, w, m1, r1, gx2,
+                    stream_of=x)
         if gw is not None or gb is not None:
-            _jit.launch(kernels["backward_params"], d, g2, x2, m1, r1, gw1, gb1, stream_of=x)
+            launch(kernels["backward_params"], d, g2, x2, m1, r1, gw1, gb1, stream_of=x)
     return gx, gw, gb
 
 

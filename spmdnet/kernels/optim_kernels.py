@@ -12,17 +12,20 @@ import math
 
 import numpy as np
 
-from . import _jit
+from ._cpu import CpuKernel
+from ._cuda import Builder, launch
+from ._numba import njit_inline, prange
+from ._target import check_target
 
 
 def _sgd_body(param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov,
               first):
-    for i in _jit.prange(param.size):
+    for i in prange(param.size):
         _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay,
                      nesterov, first)
 
 
-@_jit.njit_inline
+@njit_inline
 def _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov,
                  first):
     # as the xp path: no decay term at all when it is 0 (0 * inf would be NaN)
@@ -36,12 +39,12 @@ def _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay
 
 def _adam_body(param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
                one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay):
-    for i in _jit.prange(param.size):
+    for i in prange(param.size):
         _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
                       one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay)
 
 
-@_jit.njit_inline
+@njit_inline
 def _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
                   one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay):
     g = grad[i] + l2 * param[i] if l2 != 0 else grad[i]
@@ -52,19 +55,14 @@ def _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, be
     param[i] = param[i] * decay - lr_over_bc1 * m / (math.sqrt(v) / sqrt_bc2 + eps)
 
 
-_cpu = {"sgd": _jit.CpuKernel(_sgd_body), "adam": _jit.CpuKernel(_adam_body)}
+_cpu = {"sgd": CpuKernel(_sgd_body), "adam": CpuKernel(_adam_body)}
+
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
 
 
-cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
-# the CUDA simulator swaps it inside kernels)
-
-
-def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
-    if cache:
-        return cache[0]
-    global cuda
-    cuda = _jit.cuda()
-
+@Builder
+def _cuda_kernels():
+    """The same element updates, one thread per element."""
     def sgd(param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov, first):
         i = cuda.grid(1)
         if i < param.size:
@@ -78,28 +76,20 @@ def _cuda_kernels(cache=[]):  # noqa: B006 - built once, on first CuPy use
             _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
                           one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay)
 
-    cache.append({"sgd": _jit.cuda_jit(sgd), "adam": _jit.cuda_jit(adam)})
-    return cache[0]
-
-
-def enabled(*arrays):
-    """True when the fused kernels apply: kernels on, NumPy (or CuPy with
-    numba.cuda) float32/float64 arrays of one dtype, C-contiguous; anything
-    else takes the xp path."""
-    return _jit.target(*arrays) is not None and all(a.flags.c_contiguous for a in arrays)
+    return {"sgd": sgd, "adam": adam}
 
 
 def _run(name, args):
     param = args[0]
-    if _jit.check_target("optimizer", param) == "cpu":
+    if check_target("optimizer", param) == "cpu":
         _cpu[name](*args)
     else:
-        _jit.launch(_cuda_kernels()[name], param.size, *args, stream_of=param)
+        launch(_cuda_kernels()[name], param.size, *args, stream_of=param)
 
 
 def sgd_update(param, grad, buf, lr, momentum, dampening, weight_decay, nesterov, first):
     """PyTorch's SGD on one parameter, in place (``buf`` may be None without
-    momentum). Call only when ``enabled(param, grad, buf...)``."""
+    momentum); C-contiguous arrays (``kernels.lookup("sgd", ...)`` checks)."""
     t = param.dtype.type
     flat_buf = buf.reshape(-1) if buf is not None else param.reshape(-1)[:0]
     _run("sgd", (param.reshape(-1), grad.reshape(-1), flat_buf, t(lr), t(momentum),

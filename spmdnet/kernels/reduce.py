@@ -6,10 +6,11 @@ A plain ``for`` loop adding into one scalar is a chain of dependent adds
 independent partial sums vectorise, and their fixed order gives the same
 bits on every machine, thread count and rank.
 """
-from . import _jit
+from ._cuda import Builder, threads_per_block
+from ._numba import njit_inline
 
 
-@_jit.njit_inline
+@njit_inline
 def row_sum(a, i, zero):
     """sum(a[i, :]) (``zero`` is 0 in a's dtype)."""
     n = a.shape[1]
@@ -29,7 +30,7 @@ def row_sum(a, i, zero):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@_jit.njit_inline
+@njit_inline
 def row_dot(a, i, b, k, zero):
     """sum(a[i, :] * b[k, :])."""
     n = a.shape[1]
@@ -49,12 +50,12 @@ def row_dot(a, i, b, k, zero):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@_jit.njit_inline
+@njit_inline
 def _bigger(m, v):
     return v if v > m else m
 
 
-@_jit.njit_inline
+@njit_inline
 def row_max(a, i, neg_inf):
     """max(a[i, :]) over the non-NaN entries (``neg_inf``, -inf in a's dtype,
     for an all-NaN row): a NaN reaches the callers' results through their
@@ -78,51 +79,29 @@ def row_max(a, i, neg_inf):
 
 
 
-# -- CUDA: one block of THREADS threads per row ------------------------------------
-# Threads per block of the row kernels (a power of two); 16 under Numba's CUDA
-# simulator, where every thread is a Python thread.
-THREADS = 16 if _jit.numba is not None and _jit.numba.config.ENABLE_CUDASIM else 128
+# -- CUDA: one block of threads_per_block() threads per row -----------------------------
+THREADS = threads_per_block()  # a power of two
+
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
 
 
-cuda = None  # numba.cuda, set when the CUDA kernels are first built (a global:
-# the CUDA simulator swaps it inside kernels)
-
-
-def cuda_block_helpers(cache=[]):  # noqa: B006 - built once, on first CuPy use
-    """Device functions reducing one value per thread over a block (tree
-    order: deterministic); every thread gets the result."""
-    if cache:
-        return cache[0]
-    global cuda
-    cuda = _jit.cuda()
-
-    @cuda.jit(device=True)
-    def block_sum(buf, t, v):
+def _build_block_reduce():
+    def block_reduce(buf, t, v, take_max):
+        """The sum (or with ``take_max`` the max) of one value per thread
+        over the block, in tree order (deterministic); every thread gets it."""
         buf[t] = v
         cuda.syncthreads()
         step = THREADS // 2
         while step > 0:
             if t < step:
-                buf[t] += buf[t + step]
+                buf[t] = _bigger(buf[t], buf[t + step]) if take_max else buf[t] + buf[t + step]
             cuda.syncthreads()
             step //= 2
         total = buf[0]
         cuda.syncthreads()
         return total
 
-    @cuda.jit(device=True)
-    def block_max(buf, t, v):
-        buf[t] = v
-        cuda.syncthreads()
-        step = THREADS // 2
-        while step > 0:
-            if t < step and buf[t + step] > buf[t]:
-                buf[t] = buf[t + step]
-            cuda.syncthreads()
-            step //= 2
-        total = buf[0]
-        cuda.syncthreads()
-        return total
+    return {"block_reduce": block_reduce}
 
-    cache.append((block_sum, block_max))
-    return cache[0]
+
+cuda_device_functions = Builder(_build_block_reduce, device=True)

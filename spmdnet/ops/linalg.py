@@ -1,9 +1,8 @@
 """Matrix products: matmul (2-D and batched), the linear layer, and the
 linear layer fused with its activation."""
-from ..backend import xp_of
-from ..kernels import _jit
-from ..kernels import activation as act_kernels
+from .. import kernels
 from ..autograd import Function
+from ..backend import xp_of
 from ._util import unbroadcast
 from .unary import act_backward, act_forward
 
@@ -88,19 +87,21 @@ class Linear(Function):
 
 class LinearAct(Function):
     """activation(x @ weight.T + bias) as one op (relu, gelu, gelu_tanh, tanh,
-    sigmoid). With kernels on, bias and activation are one pass in place over
-    the product's fresh output (``kernels.activation.FUSED_FORWARD``), and
-    backward's one pass gives both the gradient before the activation and the
-    bias gradient, written straight into a gradient buffer when there is one
-    (``FUSED_BACKWARD``). Otherwise: the xp ops' math, the same values."""
+    sigmoid). Where ``kernels.lookup("linear_<activation>", ...)`` gives
+    kernels, bias and activation are one pass in place over the product's
+    fresh output, and backward's one pass gives both the gradient before the
+    activation and the bias gradient, written straight into a gradient
+    buffer when there is one. Otherwise: the xp ops' math, the same values."""
 
     def forward(self, x, weight, *bias, activation="relu"):
         _check_linear(x, weight)
         self.x, self.weight, self.activation = x, weight, activation
         h = x @ weight.T
         b = bias[0] if bias else None
-        if activation in act_kernels.FUSED_FORWARD and _jit.target(h, b) is not None:
-            out, self.saved = act_kernels.forward(h, b, activation, inplace=True)
+        kernel = kernels.lookup(f"linear_{activation}", h, b)
+        self.backward_kernel = kernels.lookup(f"linear_{activation}", h, b, step="backward")
+        if kernel is not None:
+            out, self.saved = kernel(h, b)
         else:
             if b is not None:
                 h += b
@@ -110,9 +111,8 @@ class LinearAct(Function):
     def backward(self, g):
         need, name = self.needs_input_grad, self.activation
         want_gb = len(need) == 3 and need[2]
-        if name in act_kernels.FUSED_BACKWARD and _jit.target(g) is not None:
+        if self.backward_kernel is not None:
             dest = buffer_for(self.dest(2), g.shape[-1:], g.dtype) if want_gb else None
-            gh, gb = act_kernels.backward(g, self.saved, name, bias_grad=want_gb,
-                                          bias_out=dest)
+            gh, gb = self.backward_kernel(g, self.saved, bias_grad=want_gb, bias_out=dest)
             return _linear_grads(self, gh, gb)
         return _linear_grads(self, act_backward(name, g, self.saved))

@@ -1,17 +1,14 @@
 """Neural-network ops: softmax, log_softmax, cross_entropy, mse_loss,
 dropout, layer_norm, embedding.
 
-cross_entropy, layer_norm and embedding's backward run kernels
-(``spmdnet.kernels``) when ``kernels._jit.target`` allows; the xp code here
-is their reference.
+cross_entropy, layer_norm and embedding's backward run kernels where
+``kernels.lookup`` gives them, decided at forward for backward too; the xp
+code here is their reference.
 """
-from ..backend import scatter_add, xp_of
-from ..kernels import _jit
-from ..kernels import embedding as embedding_kernels
-from ..kernels import loss as loss_kernels
-from ..kernels import norm as norm_kernels
-from ..random import generator_for
+from .. import kernels
 from ..autograd import Function
+from ..backend import scatter_add, xp_of
+from ..random import generator_for
 from .linalg import buffer_for
 
 
@@ -49,10 +46,10 @@ class CrossEntropy(Function):
     def forward(self, logits, labels, reduction="mean"):
         n = logits.shape[0]
         self.labels, self.reduction = labels, reduction
-        self.kernel = 0 < logits.size <= loss_kernels.OP_MAX_SIZE \
-            and _jit.target(logits) is not None
-        if self.kernel:  # keeps the softmax (N, C) for backward
-            losses, self.probs = loss_kernels.forward(logits, labels, check=False)
+        kernel = kernels.lookup("cross_entropy", logits)
+        self.backward_kernel = kernels.lookup("cross_entropy", logits, step="backward")
+        if kernel is not None:  # keeps the softmax (N, C) for backward
+            losses, self.probs = kernel(logits, labels)
         else:
             xp = xp_of(logits, labels)
             self.logp = _log_softmax(logits, axis=1)
@@ -69,11 +66,11 @@ class CrossEntropy(Function):
             scale = g
         else:
             scale = g / n if self.reduction == "mean" else g
-        if self.kernel and _jit.target(g, self.probs) is not None:
-            if self.reduction != "none":
-                scale = xp.full(n, scale, dtype=self.probs.dtype)
-            return loss_kernels.backward(self.probs, self.labels, scale), None
-        grad = self.probs.copy() if self.kernel else xp.exp(self.logp)  # softmax
+        if self.backward_kernel is not None:
+            scale = xp.full(n, scale, dtype=self.probs.dtype) if self.reduction != "none" \
+                else scale.astype(self.probs.dtype, copy=False)
+            return self.backward_kernel(self.probs, self.labels, scale), None
+        grad = xp.exp(self.logp)  # softmax
         grad[xp.arange(n), self.labels] -= 1
         grad *= scale[:, None] if self.reduction == "none" else scale
         return grad, None
@@ -111,10 +108,11 @@ class LayerNorm(Function):
     """Normalise over the last axis, then scale and shift (weight, bias)."""
 
     def forward(self, x, *affine, eps=1e-5):
-        self.kernel = x.ndim > 0 and _jit.target(x, *affine) is not None
-        if self.kernel:  # keeps x, and the row means and 1/std, for backward
+        kernel = kernels.lookup("layer_norm", x, *affine)
+        self.backward_kernel = kernels.lookup("layer_norm", x, *affine, step="backward")
+        if kernel is not None:  # keeps x, and the row means and 1/std, for backward
             self.x, self.weight = x, affine[0] if affine else None
-            out, self.mean, self.rstd = norm_kernels.forward(x, *affine, eps=eps)
+            out, self.mean, self.rstd = kernel(x, *affine, eps=eps)
             return out
         xp = xp_of(x, *affine)
         mu = x.mean(axis=-1, keepdims=True)
@@ -129,17 +127,14 @@ class LayerNorm(Function):
     def backward(self, g):
         need = self.needs_input_grad
         affine = len(need) > 1
-        if self.kernel and _jit.target(g, self.x) is not None:
+        if self.backward_kernel is not None:
             shape, dtype = self.x.shape[-1:], self.x.dtype
-            gx, gw, gb = norm_kernels.backward(
+            gx, gw, gb = self.backward_kernel(
                 g, self.x, self.weight, self.mean, self.rstd,
                 want_weight=affine and need[1], want_bias=affine and need[2],
                 weight_out=buffer_for(self.dest(1), shape, dtype) if affine else None,
                 bias_out=buffer_for(self.dest(2), shape, dtype) if affine else None)
             return (gx, gw, gb) if affine else gx
-        if self.kernel:  # kernels switched off since forward: the xp path's state
-            self.rstd = self.rstd[..., None]
-            self.xhat = (self.x - self.mean[..., None]) * self.rstd
         gxhat = g * self.weight if affine else g
         gx = None
         if need[0]:
@@ -158,12 +153,13 @@ class Embedding(Function):
 
     def forward(self, weight, indices):
         self.shape, self.dtype, self.indices = weight.shape, weight.dtype, indices
+        self.backward_kernel = kernels.lookup("embedding", weight, step="backward")
         return weight[indices]
 
     def backward(self, g):
-        if _jit.target(g) is not None:  # in index order, into the gradient buffer
+        if self.backward_kernel is not None:  # in index order, into the gradient buffer
             dest = buffer_for(self.dest(0), self.shape, self.dtype)
-            return embedding_kernels.backward(g, self.indices, self.shape[0], out=dest)
+            return self.backward_kernel(g, self.indices, self.shape[0], out=dest)
         out = xp_of(g).zeros(self.shape, dtype=self.dtype)
         scatter_add(out, self.indices.reshape(-1), g.reshape(-1, self.shape[1]))
         return out

@@ -3,16 +3,17 @@
 relu, gelu, tanh and sigmoid are activations: their plain-xp math is written
 once, in ``act_forward`` and ``act_backward`` (the reference of the kernels
 in ``spmdnet.kernels.activation``), for these ops and for the fused linear
-layer (``ops.linalg.LinearAct``). With kernels on, the ops run the kernels
-where those measured at least 2x faster (``kernels.activation.FORWARD``,
-``BACKWARD``); both sides save the same things, so they mix freely.
+layer (``ops.linalg.LinearAct``). The ops take kernels where
+``kernels.lookup`` gives one (its table: where they measured at least 2x
+faster); both sides save the same things, so they mix freely. The xp path
+calls no Numba code (``kernels.erf`` is plain xp).
 """
 import math
 
-from ..backend import xp_of
-from ..kernels import _jit, erf
-from ..kernels import activation as act_kernels
+from .. import kernels
 from ..autograd import Function
+from ..backend import xp_of
+from ..kernels import erf
 
 
 class Exp(Function):
@@ -87,20 +88,20 @@ def act_backward(name, g, saved):
 
 
 class _Activation(Function):
-    """One activation; kernels where ``kernels.activation`` lists them."""
+    """One activation; kernels where ``kernels.lookup`` gives them (forward
+    decides for backward too)."""
 
     name = None
 
     def forward(self, a):
-        if self.name in act_kernels.FORWARD and _jit.target(a) is not None:
-            out, self.saved = act_kernels.forward(a, None, self.name)
-        else:
-            out, self.saved = act_forward(self.name, a)
+        kernel = kernels.lookup(self.name, a)
+        self.backward_kernel = kernels.lookup(self.name, a, step="backward")
+        out, self.saved = kernel(a) if kernel else act_forward(self.name, a)
         return out
 
     def backward(self, g):
-        if self.name in act_kernels.BACKWARD and _jit.target(g) is not None:
-            return act_kernels.backward(g, self.saved, self.name)[0]
+        if self.backward_kernel is not None:
+            return self.backward_kernel(g, self.saved)[0]
         return act_backward(self.name, g, self.saved)
 
 

@@ -1,8 +1,8 @@
 """Adam (L2 weight decay) and AdamW (decoupled weight decay)."""
 import math
 
+from .. import kernels
 from ..backend import xp_of
-from ..kernels import optim_kernels
 from .optimizer import Optimizer, check_nonneg, scratch
 
 
@@ -49,58 +49,56 @@ class Adam(Optimizer):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            lr, eps = float(group["lr"]), float(group["eps"])
             b1, b2 = (float(b) for b in group["betas"])
-            wd = float(group["weight_decay"])
+            lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             for p in group["params"]:
-                grad = p.grad
-                if grad is None:
-                    continue
-                data = p.data
-                xp = xp_of(data, grad)
-                state = self.state.setdefault(p, {})
-                if "step" not in state:
-                    state["step"] = 0
-                    state["exp_avg"] = xp.zeros_like(data)
-                    state["exp_avg_sq"] = xp.zeros_like(data)
-                state["step"] += 1
-                t = state["step"]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                if optim_kernels.enabled(data, grad, m, v):  # one fused pass
-                    optim_kernels.adam_update(data, grad, m, v, lr, b1, b2, eps, t, wd,
-                                              self._decoupled)
-                    continue
-                tmp = scratch(state, data)
-
-                g = grad
-                if wd != 0.0:
-                    if self._decoupled:
-                        data *= 1.0 - lr * wd
-                    else:  # g = grad + wd * p in the scratch, p.grad untouched
-                        xp.multiply(data, wd, out=tmp)
-                        tmp += grad
-                        g = tmp
-                # m = g + b1 * (m - g): the same EMA, and needs no temporary,
-                # so the scratch may already hold g.
-                m -= g
-                m *= b1
-                m += g
-                if g is tmp:  # g is no longer needed: square it in place
-                    xp.multiply(tmp, tmp, out=tmp)
-                else:
-                    xp.multiply(grad, grad, out=tmp)
-                tmp *= 1.0 - b2
-                v *= b2
-                v += tmp
-
-                bc1 = 1.0 - b1 ** t
-                sqrt_bc2 = math.sqrt(1.0 - b2 ** t)
-                xp.sqrt(v, out=tmp)
-                tmp += eps * sqrt_bc2
-                xp.divide(m, tmp, out=tmp)
-                tmp *= lr * sqrt_bc2 / bc1
-                data -= tmp
+                if p.grad is not None:
+                    self._update(p.data, p.grad, self.state.setdefault(p, {}), lr, b1, b2,
+                                 eps, wd)
         return loss
+
+    def _update(self, data, grad, state, lr, b1, b2, eps, wd):
+        xp = xp_of(data, grad)
+        if "step" not in state:
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(data)
+            state["exp_avg_sq"] = xp.zeros_like(data)
+        state["step"] += 1
+        t = state["step"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        kernel = kernels.lookup("adam", data, grad, m, v, step="update")
+        if kernel is not None:  # one fused pass
+            kernel(data, grad, m, v, lr, b1, b2, eps, t, wd, self._decoupled)
+            return
+        tmp = scratch(state, data)
+        g = grad
+        if wd != 0.0:
+            if self._decoupled:
+                data *= 1.0 - lr * wd
+            else:  # g = grad + wd * p in the scratch, p.grad untouched
+                xp.multiply(data, wd, out=tmp)
+                tmp += grad
+                g = tmp
+        # m = g + b1 * (m - g): the same EMA, and needs no temporary,
+        # so the scratch may already hold g.
+        m -= g
+        m *= b1
+        m += g
+        if g is tmp:  # g is no longer needed: square it in place
+            xp.multiply(tmp, tmp, out=tmp)
+        else:
+            xp.multiply(grad, grad, out=tmp)
+        tmp *= 1.0 - b2
+        v *= b2
+        v += tmp
+
+        bc1 = 1.0 - b1 ** t
+        sqrt_bc2 = math.sqrt(1.0 - b2 ** t)
+        xp.sqrt(v, out=tmp)
+        tmp += eps * sqrt_bc2
+        xp.divide(m, tmp, out=tmp)
+        tmp *= lr * sqrt_bc2 / bc1
+        data -= tmp
 
 
 class AdamW(Adam):

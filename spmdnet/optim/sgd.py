@@ -1,6 +1,6 @@
 """Stochastic gradient descent with PyTorch's momentum/Nesterov rule."""
+from .. import kernels
 from ..backend import xp_of
-from ..kernels import optim_kernels
 from .optimizer import Optimizer, check_nonneg, scratch
 
 
@@ -40,48 +40,46 @@ class SGD(Optimizer):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             # Python floats keep float32 arrays float32 (NumPy's weak scalars).
-            lr, mom = float(group["lr"]), float(group["momentum"])
-            damp, wd = float(group["dampening"]), float(group["weight_decay"])
-            nesterov = group["nesterov"]
-            for p in group["params"]:
-                grad = p.grad
-                if grad is None:
-                    continue
-                data = p.data
-                xp = xp_of(data, grad)
-                state = self.state.setdefault(p, {})
-                if optim_kernels.enabled(data, grad):  # one fused pass
-                    buf = state.get("momentum_buffer") if mom != 0.0 else None
-                    first = mom != 0.0 and buf is None
-                    if first:
-                        buf = state["momentum_buffer"] = xp.empty_like(data)
-                    optim_kernels.sgd_update(data, grad, buf, lr, mom, damp, wd, nesterov,
-                                             first)
-                    continue
-                tmp = scratch(state, data)
-                g = grad
-                if wd != 0.0:  # g = grad + wd * p, never touching p.grad
-                    xp.multiply(data, wd, out=tmp)
-                    tmp += grad
-                    g = tmp
-                if mom != 0.0:
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = g.copy()
-                    else:
-                        buf *= mom
-                        if damp != 0.0:
-                            xp.multiply(g, 1.0 - damp, out=tmp)  # g is dead after
-                            buf += tmp
-                        else:
-                            buf += g
-                    if nesterov:  # p -= lr * g; p -= lr * momentum * buf
-                        xp.multiply(g, lr, out=tmp)
-                        data -= tmp
-                        xp.multiply(buf, lr * mom, out=tmp)
-                    else:
-                        xp.multiply(buf, lr, out=tmp)
-                else:
-                    xp.multiply(g, lr, out=tmp)
-                data -= tmp
+            hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
+                     float(group["weight_decay"]), group["nesterov"])
+            for p in (p for p in group["params"] if p.grad is not None):
+                self._update(p.data, p.grad, self.state.setdefault(p, {}), *hyper)
         return loss
+
+    @staticmethod
+    def _update(data, grad, state, lr, mom, damp, wd, nesterov):
+        xp = xp_of(data, grad)
+        kernel = kernels.lookup("sgd", data, grad, step="update")
+        if kernel is not None:  # one fused pass
+            buf = state.get("momentum_buffer") if mom != 0.0 else None
+            first = mom != 0.0 and buf is None
+            if first:
+                buf = state["momentum_buffer"] = xp.empty_like(data)
+            kernel(data, grad, buf, lr, mom, damp, wd, nesterov, first)
+            return
+        tmp = scratch(state, data)
+        g = grad
+        if wd != 0.0:  # g = grad + wd * p, never touching p.grad
+            xp.multiply(data, wd, out=tmp)
+            tmp += grad
+            g = tmp
+        if mom != 0.0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = g.copy()
+            else:
+                buf *= mom
+                if damp != 0.0:
+                    xp.multiply(g, 1.0 - damp, out=tmp)  # g is dead after
+                    buf += tmp
+                else:
+                    buf += g
+            if nesterov:  # p -= lr * g; p -= lr * momentum * buf
+                xp.multiply(g, lr, out=tmp)
+                data -= tmp
+                xp.multiply(buf, lr * mom, out=tmp)
+            else:
+                xp.multiply(buf, lr, out=tmp)
+        else:
+            xp.multiply(g, lr, out=tmp)
+        data -= tmp

@@ -1,0 +1,135 @@
+"""Where the ops run kernels: one table, one switch.
+
+An op asks ``kernels.lookup(op, *arrays, step=...)`` and gets the kernel to
+call, or None: then it runs its own plain-xp code. ``TABLE`` below is all
+the policy: which ops and steps have kernels, and on which arrays beyond
+those that a kernel takes at all (NumPy float32/float64, or CuPy with a
+usable numba.cuda: ``_target.array_target``). A row is there where
+benchmarks/kernels.py measured the kernel at least 2x faster than the xp
+code it replaces (float32, 256x1024; DESIGN.md principle 8).
+
+The switch: ``SPMDNET_KERNELS`` (``numba``, the default, or ``xp``), read
+once, at the first lookup; ``with kernels.use("xp"): ...`` changes it for a
+block (process-wide, not per thread). An op decides at its forward, for its
+backward too (``step="backward"``, asked with forward's arrays), so what it
+saved always fits what its backward runs.
+"""
+import contextlib
+from functools import partial
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .. import config
+from . import activation, embedding, loss, norm, optim_kernels
+from ._numba import available
+from ._target import array_target
+
+MODES = ("numba", "xp")
+
+# Logits of up to this many elements: forward and backward together measured
+# at least 2x faster (256x10: 2.4x). Larger logits make the forward
+# exp-bound, and NumPy's AVX-512 exp loop outruns special.exp (LLVM
+# vectorises 8 wide): the pair then gains only 1.4-1.7x (1.5x at 256x32000).
+CROSS_ENTROPY_MAX_SIZE = 1 << 14
+
+
+def _always(*arrays):
+    return True
+
+
+def _small_logits(logits, *arrays):
+    return 0 < logits.size <= CROSS_ENTROPY_MAX_SIZE
+
+
+def _has_last_axis(x, *arrays):
+    return x.ndim > 0
+
+
+def _contiguous(*arrays):
+    return all(a.flags.c_contiguous for a in arrays if a is not None)
+
+
+class Rule(NamedTuple):
+    """An op's kernels by step, and the condition on the arrays (beyond
+    ``array_target``) under which the op takes them."""
+    kernels: dict
+    when: Callable = _always
+
+
+def _activation(name):  # the activation ops: no bias, the input untouched
+    return {"forward": partial(activation.forward, activation=name),
+            "backward": partial(activation.backward, activation=name)}
+
+
+def _fused(name, steps=("forward", "backward")):
+    """ops.linalg.LinearAct: bias and activation in one pass, in place over
+    the product's output; backward gives the bias gradient in the same pass."""
+    kernels = {"forward": partial(activation.forward, activation=name, inplace=True),
+               "backward": partial(activation.backward, activation=name)}
+    return {step: kernels[step] for step in steps}
+
+
+# Every op that asks, with its kernels. No kernel: relu's and tanh's forward
+# are one NumPy pass already; their backward and sigmoid's without a bias are
+# memory-bound passes that gain 1.4-2x; tanh and sigmoid forward use tanh or
+# exp, which NumPy's AVX-512 loops compute faster than special.py.
+TABLE = {
+    "relu": Rule({}),
+    "tanh": Rule({}),
+    "sigmoid": Rule({}),
+    "gelu": Rule(_activation("gelu")),
+    "gelu_tanh": Rule(_activation("gelu_tanh")),
+    "linear_relu": Rule(_fused("relu")),
+    "linear_gelu": Rule(_fused("gelu")),
+    "linear_gelu_tanh": Rule(_fused("gelu_tanh")),
+    "linear_tanh": Rule({}),
+    "linear_sigmoid": Rule(_fused("sigmoid", steps=("backward",))),
+    "cross_entropy": Rule({"forward": partial(loss.forward, check=False),
+                           "backward": loss.backward}, _small_logits),
+    "layer_norm": Rule({"forward": norm.forward, "backward": norm.backward}, _has_last_axis),
+    "embedding": Rule({"backward": embedding.backward}),
+    "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
+    "adam": Rule({"update": optim_kernels.adam_update}, _contiguous),
+}
+
+_mode = []  # [mode] once SPMDNET_KERNELS has been read
+
+
+def mode():
+    """``"numba"`` or ``"xp"``: the setting (``SPMDNET_KERNELS`` at first
+    use, or the innermost ``use()``)."""
+    if not _mode:
+        _mode.append(config.get_choice("SPMDNET_KERNELS", set(MODES), "numba"))
+    return _mode[0]
+
+
+def enabled():
+    """True when the ops may take kernels: mode ``numba`` and Numba imports
+    (one warning when it does not)."""
+    return mode() == "numba" and available()
+
+
+@contextlib.contextmanager
+def use(new_mode):
+    """``with kernels.use("xp"):`` runs the block on the plain-xp paths
+    (``"numba"``: with kernels); the previous setting returns after it."""
+    if new_mode not in MODES:
+        raise ValueError(f"kernels.use: mode must be one of {MODES}, got {new_mode!r}")
+    previous = mode()
+    _mode[0] = new_mode
+    try:
+        yield
+    finally:
+        _mode[0] = previous
+
+
+def lookup(op, *arrays, step="forward"):
+    """The kernel that runs ``step`` of ``op`` on these arrays, or None
+    (then the op runs its xp code). ``op`` must be a row of ``TABLE``;
+    ``None`` entries among the arrays are skipped."""
+    rule = TABLE[op]
+    kernel = rule.kernels.get(step)
+    if kernel is None or not enabled() or array_target(*arrays) is None \
+            or not rule.when(*arrays):
+        return None
+    return kernel

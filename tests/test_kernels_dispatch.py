@@ -1,0 +1,216 @@
+"""The seam between ops and kernels: ``kernels.lookup``, its table and switch.
+
+The table alone decides which op takes a kernel; ``kernels.use`` switches
+for a block; the ``SPMDNET_KERNELS`` knob is read once; with kernels off no
+Numba code runs; an op decides at forward for its backward, so switching
+between the two gives the right gradient. Also the fused linear layer
+against the unfused ops.
+"""
+import numpy as np
+import pytest
+
+import spmdnet as sn
+import spmdnet.functional as F
+from spmdnet import kernels, nn, optim
+from spmdnet.autograd import gradcheck
+from spmdnet.kernels import _cpu, _numba, activation, dispatch, loss, norm
+from spmdnet.ops.nn_ops import LayerNorm
+
+ACTS = list(activation.ACTIVATIONS)
+PLAIN_PYTHON = _numba.jit_disabled()
+
+
+# -- the fused linear layer ----------------------------------------------------------------
+def _ops_inputs(seed=0, shape=(6, 5)):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape), rng.standard_normal((4, shape[-1])), \
+        rng.standard_normal(4)
+
+
+@pytest.mark.parametrize("name", ACTS)
+@pytest.mark.parametrize("shape", [(6, 5), (2, 3, 5)])
+def test_fused_linear_equals_unfused_ops(float64, name, shape):
+    x, w, b = _ops_inputs(1, shape)
+    unfused = {"relu": F.relu, "tanh": F.tanh, "sigmoid": F.sigmoid, "gelu": F.gelu,
+               "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[name]
+    results = []
+    for fused in (True, False):
+        ts = [sn.tensor(a, requires_grad=True) for a in (x, w, b)]
+        out = F.linear(*ts, activation=name) if fused else unfused(F.linear(*ts))
+        (out * out).sum().backward()
+        results.append([out.numpy()] + [t.grad for t in ts])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.skipif(PLAIN_PYTHON, reason="finite differences: slow, and run already")
+@pytest.mark.parametrize("name", ACTS)
+def test_fused_linear_gradcheck(float64, name):
+    x, w, b = _ops_inputs(2)
+    gradcheck(lambda *t: F.linear(*t, activation=name), x, w, b)
+    gradcheck(lambda *t: F.linear(*t, activation=name), x, w)
+
+
+def test_fused_linear_bias_gradient_goes_into_grad_buffer(float64):
+    x, w, b = _ops_inputs(3)
+    wt, bt = sn.tensor(w, requires_grad=True), sn.tensor(b, requires_grad=True)
+    bt.grad_buffer = np.zeros(4)
+    F.linear(sn.tensor(x), wt, bt, activation="gelu").sum().backward()
+    assert bt.grad is bt.grad_buffer and np.abs(bt.grad).sum() > 0
+
+
+def test_sequential_fuses_linear_and_activation(float64):
+    model = nn.Sequential(nn.Linear(5, 4), nn.GELU(approximate="tanh"), nn.Linear(4, 3),
+                          nn.ReLU(), nn.Linear(3, 2), nn.Tanh())
+    x = sn.tensor(_ops_inputs(4)[0])
+    out = model(x)
+    assert type(out._ctx).__name__ == "LinearAct" and out._ctx.activation == "tanh"
+    manual = x
+    for m in model:
+        manual = m(manual)
+    np.testing.assert_allclose(out.numpy(), manual.numpy(), rtol=1e-12)
+
+
+def test_linear_rejects_unknown_activation():
+    x, w, b = (sn.tensor(a) for a in _ops_inputs())
+    with pytest.raises(ValueError, match="activation must be None or one of"):
+        F.linear(x, w, b, activation="elu")
+
+
+# -- the table and the switch ----------------------------------------------------------------
+def test_table_decides_which_ops_take_kernels():
+    x32, x16 = np.ones((4, 3), np.float32), np.ones((4, 3), np.float16)
+    assert kernels.lookup("gelu", x32) is not None
+    assert kernels.lookup("relu", x32) is None  # a row without kernels
+    assert kernels.lookup("linear_sigmoid", x32) is None  # backward only
+    assert kernels.lookup("linear_sigmoid", x32, step="backward") is not None
+    assert kernels.lookup("gelu", x16) is None  # arrays no kernel takes
+    assert kernels.lookup("gelu", x32, x32.astype(np.float64)) is None
+    limit = dispatch.CROSS_ENTROPY_MAX_SIZE
+    assert kernels.lookup("cross_entropy", np.ones((1, limit), np.float32)) is not None
+    assert kernels.lookup("cross_entropy", np.ones((1, limit + 1), np.float32)) is None
+    assert kernels.lookup("cross_entropy", np.ones((0, 3), np.float32)) is None
+    assert kernels.lookup("sgd", x32, x32.T, step="update") is None  # not contiguous
+    with pytest.raises(KeyError):
+        kernels.lookup("no_such_op", x32)
+
+
+def test_a_table_row_is_what_the_op_runs(monkeypatch):
+    calls = []
+
+    def fake_relu(a):
+        calls.append(a.shape)
+        return np.maximum(a, 0) * 2, a > 0
+
+    monkeypatch.setitem(dispatch.TABLE, "relu", dispatch.Rule({"forward": fake_relu}))
+    monkeypatch.setitem(dispatch.TABLE, "gelu", dispatch.Rule({}))
+    x = sn.tensor(np.array([[-1.0, 2.0]], np.float32))
+    np.testing.assert_array_equal(F.relu(x).numpy(), [[0.0, 4.0]])
+    F.gelu(x)  # no row: the xp path, no kernel
+    assert calls == [(1, 2)]
+
+
+def test_use_switches_for_a_block_and_restores():
+    assert kernels.mode() == "numba"
+    with kernels.use("xp"):
+        assert kernels.mode() == "xp" and not kernels.enabled()
+        assert kernels.lookup("gelu", np.ones(3, np.float32)) is None
+        with kernels.use("numba"):
+            assert kernels.enabled()
+        assert kernels.mode() == "xp"
+    with pytest.raises(RuntimeError), kernels.use("xp"):
+        raise RuntimeError("the setting comes back anyway")
+    assert kernels.mode() == "numba"
+    with pytest.raises(ValueError, match="mode must be one of"), kernels.use("cuda"):
+        pass
+
+
+def test_knob_is_read_once(monkeypatch):
+    monkeypatch.setattr(dispatch, "_mode", [])
+    monkeypatch.setenv("SPMDNET_KERNELS", "xp")
+    assert kernels.mode() == "xp"
+    monkeypatch.setenv("SPMDNET_KERNELS", "numba")
+    assert kernels.mode() == "xp"  # read once: the first lookup decided
+    monkeypatch.setattr(dispatch, "_mode", [])
+    monkeypatch.setenv("SPMDNET_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="SPMDNET_KERNELS"):
+        F.gelu(sn.tensor(np.ones(3, np.float32)))
+
+
+def _forbid_numba(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("Numba code ran with kernels off")
+    monkeypatch.setattr(_cpu.CpuKernel, "__call__", boom)
+    for name in ("njit", "jit", "vectorize", "guvectorize"):
+        monkeypatch.setattr(_numba.numba, name, boom)
+
+
+def _every_op(dtype):
+    """Forward and backward of every op that asks for kernels, then an
+    optimizer step of each kind; returns the gradients."""
+    rng = np.random.default_rng(0)
+    x, w, b = (sn.tensor(rng.standard_normal(s).astype(dtype), requires_grad=True)
+               for s in ((6, 5), (4, 5), (4,)))
+    h = LayerNorm.apply(F.linear(x, w, b, activation="gelu"), b, b)
+    for name in ACTS:
+        h = F.linear(h, w[:, :4], b, activation=name)
+    h = F.gelu(F.gelu(h, approximate="tanh")) + F.relu(h) + F.tanh(h) + F.sigmoid(h)
+    emb = sn.tensor(np.ones((3, 4), dtype), requires_grad=True)
+    h = h + F.embedding(np.array([0, 2, 1, 0, 2, 1]), emb)
+    F.cross_entropy(h, np.array([0, 1, 2, 3, 0, 1])).backward()
+    params = [x, w, b, emb]
+    grads = [p.grad.copy() for p in params]
+    for opt in (optim.SGD(params, lr=0.1, momentum=0.9), optim.Adam(params)):
+        opt.step()
+    return grads
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_with_kernels_off_no_numba_code_runs(dtype, monkeypatch):
+    with kernels.use("numba"):
+        want = _every_op(dtype)
+    _forbid_numba(monkeypatch)
+    with kernels.use("xp"):
+        got = _every_op(dtype)
+    with pytest.raises(AssertionError, match="Numba code ran"):  # the check can fail
+        _every_op(dtype)
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol)
+
+
+def _graph(dtype):
+    rng = np.random.default_rng(1)
+    x, w, b = (sn.tensor(rng.standard_normal(s).astype(dtype), requires_grad=True)
+               for s in ((6, 5), (4, 5), (4,)))
+    emb = sn.tensor(rng.standard_normal((3, 4)).astype(dtype), requires_grad=True)
+    h = F.linear(x, w, b, activation="sigmoid") + F.embedding(np.array([0, 2, 1, 0, 2, 1]), emb)
+    h = F.linear(F.gelu(LayerNorm.apply(h, b, b)), w[:, :4], b, activation="gelu")
+    return F.cross_entropy(h, np.array([0, 1, 2, 3, 0, 1])), [x, w, b, emb]
+
+
+@pytest.mark.parametrize("forward_mode,backward_mode", [("numba", "xp"), ("xp", "numba")])
+def test_forward_decides_for_backward(float64, forward_mode, backward_mode, monkeypatch):
+    with kernels.use("xp"):
+        loss_xp, params = _graph(np.float64)
+        loss_xp.backward()
+    want = [p.grad.copy() for p in params]
+    with kernels.use(forward_mode):
+        mixed, params = _graph(np.float64)
+    if forward_mode == "xp":  # decided at forward: backward runs no kernel
+        _forbid_numba(monkeypatch)
+    with kernels.use(backward_mode):
+        mixed.backward()
+    np.testing.assert_allclose(mixed.item(), loss_xp.item(), rtol=1e-12)
+    for p, w in zip(params, want):
+        np.testing.assert_allclose(p.grad, w, rtol=1e-10, atol=1e-12)
+
+
+def test_ops_hold_the_kernels_forward_chose(float64):
+    x = sn.tensor(np.ones((2, 3)), requires_grad=True)
+    out = LayerNorm.apply(x)
+    assert out._ctx.backward_kernel is norm.backward
+    logits = F.cross_entropy(x, np.array([0, 1]))
+    assert logits._ctx.backward_kernel is loss.backward
+    with kernels.use("xp"):
+        assert LayerNorm.apply(x)._ctx.backward_kernel is None
