@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch import ROOT
+from tests.helpers.launch import ROOT
 
 from spmdnet.distributed import slurm as sl
 
