@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-from .distributed import comm_or_default
+from .backend import require_cupy
+from .distributed import bound_device, comm_or_default, guarded
 
 PHASES = ("data", "forward", "backward", "comm", "optimizer", "other")
 MARKS = ("data", "forward", "backward", "optimizer", "other")
@@ -79,12 +80,20 @@ class StepProfiler:
         self._ddp_steps = ddp.steps if ddp is not None else 0
         self._current = None
         self._last = 0.0
+        # GPU kernels run asynchronously: without a wait at every mark their
+        # time would land in whichever phase next waits for the device.
+        self._on_gpu = bound_device() == "gpu"
+
+    def _now(self):
+        if self._on_gpu:
+            require_cupy().cuda.get_current_stream().synchronize()
+        return time.perf_counter()
 
     def begin(self):
         """Start a step (right after the batch arrived)."""
         if not self.enabled:
             return
-        now = time.perf_counter()
+        now = self._now()
         self._current = dict.fromkeys(PHASES, 0.0)
         if self.loader is not None:
             self._current["data"] = self.loader.wait_s - self._wait
@@ -99,7 +108,7 @@ class StepProfiler:
             raise RuntimeError(f"StepProfiler.mark({phase!r}) outside a step: call begin() first")
         if phase not in MARKS:
             raise ValueError(f"StepProfiler.mark: phase must be one of {MARKS}, got {phase!r}")
-        now = time.perf_counter()
+        now = self._now()
         elapsed, self._last = now - self._last, now
         if phase == "backward" and self.ddp is not None and self.ddp.steps != self._ddp_steps:
             self._ddp_steps = self.ddp.steps  # this backward reduced: split off its wait
@@ -114,7 +123,7 @@ class StepProfiler:
             return
         if self._current is None:
             raise RuntimeError("StepProfiler.end() without begin()")
-        self._current["other"] += time.perf_counter() - self._last
+        self._current["other"] += self._now() - self._last
         if self.seen >= self.warmup:
             self.rows.append([self._current[p] for p in PHASES])
         self.seen += 1
@@ -133,7 +142,8 @@ class StepProfiler:
         if not self.enabled:
             return None
         comm = comm_or_default(self.comm)
-        rows = comm.gather(self.summary(), root=0)
+        with guarded("gather(profiler summaries)", comm):
+            rows = comm.gather(self.summary(), root=0)
         return Breakdown(rows) if comm.Get_rank() == 0 else None
 
     def print_report(self, file=None):

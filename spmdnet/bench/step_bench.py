@@ -78,13 +78,13 @@ def measure(args):
     ds = ArrayDataset(x.astype(np.float32), y.astype(np.int64))
     sampler = data.DistributedSampler(len(ds), seed=0, drop_last=True)
     loader = data.DataLoader(ds, local_batch, sampler=sampler, drop_last=True)
-    model = build_model(layers)
+    model = build_model(layers).to(world.device)  # SPMDNET_DEVICE=gpu: on the GPU
     ddp = parallel.DataParallel(model, overlap=args.overlap, bucket_mb=args.bucket_mb)
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     prof = StepProfiler(ddp, loader, warmup=args.warmup)
     runs = [(ddp, opt, prof)]
     if args.ceiling:
-        alone = build_model(layers)
+        alone = build_model(layers).to(world.device)
         runs.append((alone, optim.SGD(alone.parameters(), lr=0.01, momentum=0.9),
                      StepProfiler(warmup=args.warmup)))
     batches = endless(loader)
