@@ -6,7 +6,8 @@ mpi4py only when first used.
 __version__ = "0.1.0"  # before the imports: checkpoint.py reads it while this file runs
 
 from . import autograd, data, distributed, functional, nn, optim, parallel
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
+                         save_checkpoint)
 from .errors import CheckpointError, DistributedError
 from .ops import REGISTRY as _OPS  # noqa: F401 - binds the Tensor operators
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
@@ -20,5 +21,5 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "is_grad_enabled", "queue_callback", "set_default_dtype", "get_default_dtype",
            "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
            "DistributedError", "CheckpointError", "save_checkpoint", "load_checkpoint",
-           "latest_checkpoint", "functional", "nn", "optim", "dist", "distributed",
-           "parallel", "data", "autograd"]
+           "latest_checkpoint", "check_checkpoint_dir", "functional", "nn", "optim", "dist",
+           "distributed", "parallel", "data", "autograd"]

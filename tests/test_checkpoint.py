@@ -12,7 +12,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import data, nn, optim
-from launch import ROOT
+from tests.helpers.launch import ROOT
 
 
 def trained(seed=0):

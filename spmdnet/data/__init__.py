@@ -3,9 +3,9 @@ exact evaluation, and dataset writers."""
 from . import datasets
 from .array import ArrayDataset
 from .evaluation import evaluate, shard_indices
-from .hdf5 import HDF5Dataset
+from .hdf5 import HDF5Dataset, check_same_features
 from .loader import DataLoader
 from .sampler import DistributedSampler
 
-__all__ = ["ArrayDataset", "HDF5Dataset", "DistributedSampler", "DataLoader", "evaluate",
-           "shard_indices", "datasets"]
+__all__ = ["ArrayDataset", "HDF5Dataset", "check_same_features", "DistributedSampler",
+           "DataLoader", "evaluate", "shard_indices", "datasets"]

@@ -32,6 +32,7 @@ import numpy as np
 from .. import backend
 from ..distributed import rank_label
 
+NUMERIC_KINDS = "biuf"  # dtype kinds a dataset may hold: bool, int, uint, float
 SIEVE_BYTES = 4096  # HDF5's data sieve buffer per open file (default 64 KiB); see above
 
 
@@ -91,20 +92,27 @@ class HDF5Dataset:
                           f"{exc}") from exc
 
     def _validate(self, f):
+        """Keys, kinds, lengths and dtypes, checked at open time (the rank in
+        every message): strings or an empty file must not reach training."""
         keys = sorted(f.keys())
+        where = f"HDF5 dataset {self.path} (rank {rank_label()})"
         for key in (self.x_key, self.y_key):
             if key is not None and key not in f:
-                raise KeyError(f"HDF5 dataset {self.path} has no key {key!r}; keys present: "
-                               f"{keys}")
+                raise KeyError(f"{where} has no key {key!r}; keys present: {keys}")
             if key is not None and (not isinstance(f[key], _h5py().Dataset) or f[key].ndim < 1):
-                raise ValueError(f"HDF5 dataset {self.path}: {key!r} is not an array of "
-                                 f"samples ({f[key]})")
+                raise ValueError(f"{where}: {key!r} is not an array of samples ({f[key]})")
+            if key is not None and f[key].dtype.kind not in NUMERIC_KINDS:
+                raise TypeError(f"{where}: {key!r} holds {f[key].dtype} values; samples and "
+                                "labels must be numbers (bool, integer or float)")
         if self.y_key is not None and len(f[self.x_key]) != len(f[self.y_key]):
-            raise ValueError(f"HDF5 dataset {self.path}: {self.x_key!r} has "
-                             f"{len(f[self.x_key])} samples but {self.y_key!r} has "
-                             f"{len(f[self.y_key])}")
+            raise ValueError(f"{where}: {self.x_key!r} has {len(f[self.x_key])} samples but "
+                             f"{self.y_key!r} has {len(f[self.y_key])}")
+        if len(f[self.x_key]) == 0:
+            raise ValueError(f"{where}: {self.x_key!r} holds no samples (shape "
+                             f"{f[self.x_key].shape})")
         self._len = len(f[self.x_key])
         self.sample_shape = f[self.x_key].shape[1:]
+        self.label_shape = f[self.y_key].shape[1:] if self.y_key is not None else None
         self.dtype = f[self.x_key].dtype
 
     def _handle(self):
@@ -183,6 +191,29 @@ class HDF5Dataset:
             raise OSError(f"cannot read {len(index)} rows of HDF5 dataset {self.path} on "
                           f"rank {rank_label()} (truncated or corrupt file?): {exc}") from exc
         return x, y
+
+
+def check_same_features(first, second):
+    """Raise ValueError naming both files unless two datasets (a training and
+    a test set) hold samples of the same shape, and labels of the same shape
+    where both have labels. Called when both are opened, a test file with the
+    wrong feature count fails before the first step, not after an epoch.
+    Takes HDF5Datasets or in-memory ArrayDatasets."""
+    (a, ax, ay), (b, bx, by) = _shapes(first), _shapes(second)
+    if ax != bx or (ay is not None and by is not None and ay != by):
+        raise ValueError(f"datasets disagree (rank {rank_label()}): {a} holds samples of shape "
+                         f"{ax} and labels of shape {ay}, {b} holds samples of shape {bx} and "
+                         f"labels of shape {by}")
+
+
+def _shapes(ds):
+    """(name, sample shape, label shape or None) of a dataset."""
+    if isinstance(ds, HDF5Dataset):
+        return (f"{ds.path} (keys {ds.x_key!r}, {ds.y_key!r})", tuple(ds.sample_shape),
+                None if ds.label_shape is None else tuple(ds.label_shape))
+    y = getattr(ds, "y", None)
+    return (f"an in-memory {type(ds).__name__}", tuple(np.shape(ds.x)[1:]),
+            None if y is None else tuple(np.shape(y)[1:]))
 
 
 class _Order:
