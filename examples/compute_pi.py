@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from spmdnet import dist
+from spmdnet import cli, dist
 
 
 def partial_sum(n, rank, size, chunk=1_000_000):
@@ -26,7 +26,7 @@ def partial_sum(n, rank, size, chunk=1_000_000):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--intervals", type=int, default=10_000_000)
+    p.add_argument("--intervals", type=cli.positive_int, default=10_000_000)
     args = p.parse_args(argv)
     dist.init()
     t0 = time.perf_counter()

@@ -17,18 +17,20 @@ import argparse
 import numpy as np
 
 import spmdnet as sn
-from spmdnet import dist, nn, optim, parallel
+from spmdnet import cli, dist, nn, optim, parallel
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tp", type=int, default=0, help="TP group size (default: all ranks)")
-    p.add_argument("--dim", type=int, default=16, help="input/output features")
-    p.add_argument("--hidden", type=int, default=64, help="hidden features (split over tp)")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tolerance", type=float, default=1e-10)
+    p.add_argument("--tp", type=cli.non_negative_int, default=0,
+                   help="TP group size (default: all ranks)")
+    p.add_argument("--dim", type=cli.positive_int, default=16, help="input/output features")
+    p.add_argument("--hidden", type=cli.positive_int, default=64,
+                   help="hidden features (split over tp)")
+    p.add_argument("--batch", type=cli.positive_int, default=8)
+    p.add_argument("--steps", type=cli.positive_int, default=3)
+    p.add_argument("--seed", type=cli.non_negative_int, default=0)
+    p.add_argument("--tolerance", type=cli.positive_float, default=1e-10)
     return p.parse_args(argv)
 
 

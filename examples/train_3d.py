@@ -15,7 +15,6 @@ exactly what examples/train_mlp.py trains. Exits 1 when the test accuracy is
 below --min-accuracy. Also runs as plain `python` with --tp 1 --pp 1.
 """
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -23,30 +22,18 @@ import numpy as np
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import data, dist, nn, optim, parallel
-
-try:
-    from tqdm import tqdm  # optional: pip install 'spmdnet[progress]'
-except ImportError:
-    tqdm = None
-
-REFERENCE_BATCH = 256  # --lr is given for this global batch and scaled linearly
+from spmdnet import cli, data, dist, nn, optim, parallel
+from train_mlp import REFERENCE_BATCH, model_options  # examples/: the same options
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel group size")
-    p.add_argument("--pp", type=int, default=2, help="pipeline stages")
-    p.add_argument("--micro-batches", type=int, default=4, help="per step, with --pp > 1")
-    p.add_argument("--data-dir", default="data", help="where the digits are written")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=16, help="samples per dp rank per step")
-    p.add_argument("--lr", type=float, default=0.4, help=f"for a global batch of "
-                   f"{REFERENCE_BATCH}; scaled linearly with the actual global batch")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-accuracy", type=float, default=0.95)
+    """train_mlp.py's model options (--batch-size: per dp rank), and the mesh's."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[model_options()])
+    p.add_argument("--tp", type=cli.positive_int, default=2, help="tensor-parallel group size")
+    p.add_argument("--pp", type=cli.positive_int, default=2, help="pipeline stages")
+    p.add_argument("--micro-batches", type=cli.positive_int, default=4,
+                   help="per step, with --pp > 1")
+    p.set_defaults(epochs=10)
     return p.parse_args(argv)
 
 
@@ -110,14 +97,6 @@ class Net:
         self.module.train(False)
 
 
-def progress(loader, epoch):
-    """The loader, with a progress bar on rank 0 when tqdm is installed and
-    stdout is a terminal (not under Slurm): else the epoch lines alone."""
-    if tqdm is None or not dist.is_root() or not sys.stdout.isatty():
-        return loader
-    return tqdm(loader, desc=f"epoch {epoch}", leave=False, file=sys.stdout)
-
-
 def main(argv=None):
     args = parse_args(argv)
     world = dist.init()
@@ -127,6 +106,7 @@ def main(argv=None):
     if not all(p.exists() for p in paths):
         paths = data.datasets.make_digits(args.data_dir)
     train_set, test_set = data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
+    data.check_same_features(train_set, test_set)  # names both files: before the first step
     features, classes = int(np.prod(train_set.sample_shape)), int(train_set.targets().max()) + 1
     net = Net(args, mesh, features, classes)
     # every rank of a TP group and of a pipeline reads the same samples
@@ -143,7 +123,7 @@ def main(argv=None):
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         losses, t0 = [], time.perf_counter()
-        for x, y in progress(loader, epoch):
+        for x, y in data.progress(loader, f"epoch {epoch}"):
             losses.append(net.train_step(x, y, opt))
             sched.step()
         rate = len(losses) * global_batch / (time.perf_counter() - t0)

@@ -9,15 +9,16 @@ import argparse
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import data, dist, nn, optim, parallel
+from spmdnet import cli, data, dist, nn, optim, parallel
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="A data-parallel MLP on the digits")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--epochs", type=cli.positive_int, default=5)  # -1: an argparse error
+    p.add_argument("--batch-size", type=cli.positive_int, default=32,
+                   help="samples per rank per step")
     p.add_argument("--data-dir", default="data")
-    p.add_argument("--min-accuracy", type=float, default=0.9)
+    p.add_argument("--min-accuracy", type=cli.probability, default=0.9)
     args = p.parse_args(argv)
 
     dist.init()                                   # MPI world; one rank's exception aborts all
@@ -32,7 +33,7 @@ def main(argv=None):
     loader = data.DataLoader(ds, batch_size=args.batch_size, sampler=sampler)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)                  # a new shuffle every epoch
-        for x, y in loader:                       # prefetched in a background thread
+        for x, y in data.progress(loader, f"epoch {epoch}"):  # prefetched; a bar in a tty
             loss = F.cross_entropy(ddp(sn.Tensor(x)), y)
             opt.zero_grad()
             loss.backward()                       # gradients averaged over ranks, overlapped

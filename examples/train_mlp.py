@@ -8,8 +8,10 @@ gives each rank its own share of the data. With no argument it writes the UCI
 handwritten digits (kept in the package) to HDF5 files on first use, trains
 with SGD (learning rate scaled with the global batch, one warmup epoch, then
 cosine decay), prints the validation accuracy every epoch, writes the epoch
-metrics as JSON lines, and exits 1 when the test accuracy is below
---min-accuracy. Also runs as plain `python` (1 rank) and under Slurm's `srun`.
+metrics as JSON lines (one per epoch, kept across stop and resume), and exits
+1 when the test accuracy is below --min-accuracy. Also runs as plain `python`
+(1 rank) and under Slurm's `srun`. Bad option values, an unusable
+--checkpoint-dir and a test set of other features fail before the first step.
 
 --checkpoint-dir DIR checkpoints every --checkpoint-every steps and at the end,
 and resumes from the newest checkpoint there, exactly: model, optimizer,
@@ -20,7 +22,6 @@ breakdown at the end. Data x tensor x pipeline parallel: examples/train_3d.py.
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -28,36 +29,41 @@ import numpy as np
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import data, dist, nn, optim, parallel
+from spmdnet import cli, data, dist, nn, optim, parallel
 from spmdnet.profiler import StepProfiler
-
-try:
-    from tqdm import tqdm  # optional: pip install 'spmdnet[progress]'
-except ImportError:
-    tqdm = None
 
 REFERENCE_BATCH = 256  # --lr is given for this global batch and scaled linearly
 
 
+def model_options():
+    """The model and schedule options, shared with train_3d.py (whose --tp 1
+    --pp 1 trains what this job trains)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--data-dir", default="data", help="where built-in datasets are written")
+    p.add_argument("--epochs", type=cli.positive_int, default=20)
+    p.add_argument("--batch-size", type=cli.positive_int, default=16,
+                   help="samples per rank per step")
+    p.add_argument("--lr", type=cli.positive_float, default=0.4, help=f"for a global batch of "
+                   f"{REFERENCE_BATCH}; scaled linearly with the actual global batch")
+    p.add_argument("--hidden", type=cli.positive_int, default=128)
+    p.add_argument("--dropout", type=cli.probability, default=0.0)
+    p.add_argument("--seed", type=cli.non_negative_int, default=0)
+    p.add_argument("--min-accuracy", type=cli.probability, default=0.95)
+    return p
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[model_options()])
     p.add_argument("--data", default="digits",
                    help="'digits', 'synthetic', or a training HDF5 file with x and y")
     p.add_argument("--test-data", help="test HDF5 file (with --data PATH)")
-    p.add_argument("--data-dir", default="data", help="where built-in datasets are written")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
-    p.add_argument("--lr", type=float, default=0.4, help=f"for a global batch of "
-                   f"{REFERENCE_BATCH}; scaled linearly with the actual global batch")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--metrics", default="metrics.jsonl", help="JSON lines, one per epoch")
+    p.add_argument("--metrics", default="metrics.jsonl",
+                   help="JSON lines, one per epoch (a resumed run appends)")
     p.add_argument("--plot", help="write loss/accuracy curves to this PNG (needs matplotlib)")
-    p.add_argument("--min-accuracy", type=float, default=0.95)
     p.add_argument("--checkpoint-dir", help="checkpoint here and resume from here")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: only at the end)")
-    p.add_argument("--stop-after", type=int, default=0,
+    p.add_argument("--checkpoint-every", type=cli.non_negative_int, default=0,
+                   help="steps (0: only at the end)")
+    p.add_argument("--stop-after", type=cli.non_negative_int, default=0,
                    help="checkpoint and stop after this many steps (tests resumption)")
     p.add_argument("--profile", action="store_true",
                    help="print every rank's per-step time breakdown at the end")
@@ -80,15 +86,9 @@ def datasets(args):
         paths = args.data, args.test_data
     else:
         raise SystemExit("--data PATH needs --test-data PATH as well")
-    return data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
-
-
-def progress(loader, epoch):
-    """The loader, with a progress bar on rank 0 when tqdm is installed and
-    stdout is a terminal (not under Slurm): else the epoch lines alone."""
-    if tqdm is None or not dist.is_root() or not sys.stdout.isatty():
-        return loader
-    return tqdm(loader, desc=f"epoch {epoch}", leave=False, file=sys.stdout)
+    train_set, test_set = data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
+    data.check_same_features(train_set, test_set)  # names both files: before the first step
+    return train_set, test_set
 
 
 def options(args):
@@ -96,18 +96,21 @@ def options(args):
     return {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "dropout", "seed")}
 
 
-def save(args, step, model, opt, sched, loader):
+def save(args, step, model, opt, sched, loader, losses):
+    """A checkpoint, with every rank's losses of the epoch so far (a resumed
+    epoch's train_loss is then the uninterrupted run's)."""
+    losses = dist.allgather(np.array(losses, np.float64)).tolist()  # collective
     sn.save_checkpoint(args.checkpoint_dir + "/", model, opt, step=step,
                        loader=loader.state_dict(), scheduler=sched.state_dict(),
-                       options=options(args))
+                       options=options(args), epoch_losses=losses)
 
 
 def resume(args, model, opt, sched, loader):
     """Continue from the newest checkpoint in --checkpoint-dir, if any;
-    returns the number of steps done."""
+    returns the number of steps done and this rank's losses of the epoch so far."""
     found = sn.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
     if dist.check_same(dist.comm_or_default(), found, "newest checkpoint") is None:
-        return 0
+        return 0, []
     extra = sn.load_checkpoint(found, model, opt)
     if extra["options"] != options(args):
         raise SystemExit(f"{found} was trained with {extra['options']}, this run asks for "
@@ -117,7 +120,19 @@ def resume(args, model, opt, sched, loader):
     loader.load_state_dict(extra["loader"])
     dist.print0(f"resumed from {found} at step {extra['step']}, epoch "
                 f"{loader.sampler.epoch}, {loader.sampler.start_index} samples into it")
-    return extra["step"]
+    return extra["step"], extra.get("epoch_losses", [[]] * dist.size())[dist.rank()]
+
+
+def logged_epochs(args, resumed):
+    """The epochs that have their line in --metrics (rank 0 writes it): none
+    for a new run, which starts a new file; a resumed run appends."""
+    path = Path(args.metrics)
+    if not dist.is_root():
+        return set()
+    if not resumed or not path.exists():
+        path.write_text("")
+        return set()
+    return {json.loads(line)["epoch"] for line in path.read_text().splitlines() if line}
 
 
 def plot(path, metrics):
@@ -143,6 +158,8 @@ def plot(path, metrics):
 def main(argv=None):
     args = parse_args(argv)
     dist.init()
+    if args.checkpoint_dir:  # unusable: fail now, not at the first save
+        sn.check_checkpoint_dir(args.checkpoint_dir)
     sn.manual_seed(args.seed)
     train_set, test_set = datasets(args)
     features, classes = int(np.prod(train_set.sample_shape)), int(train_set.targets().max()) + 1
@@ -161,15 +178,25 @@ def main(argv=None):
     dist.print0(f"{dist.size()} ranks, {len(train_set)} training samples, global batch "
                 f"{global_batch}, {len(loader)} steps/epoch")
 
-    step = resume(args, model, opt, sched, loader)
-    if dist.is_root() and step == 0:
-        open(args.metrics, "w").close()  # a new run: new metrics (a resumed one appends)
+    step, losses = resume(args, model, opt, sched, loader)  # losses: of the epoch so far
+    logged = logged_epochs(args, resumed=step > 0)
     stop = dist.StopSignal() if args.checkpoint_dir else None  # SIGTERM, SIGUSR1
     prof = StepProfiler(ddp, loader, enabled=args.profile)
+
+    def checkpoint_or_stop(stopping):
+        """Save when --checkpoint-every or a stop asks; True to stop."""
+        every = args.checkpoint_every
+        if args.checkpoint_dir and (stopping or (every and step % every == 0)):
+            save(args, step, model, opt, sched, loader, losses)
+        if stopping:
+            dist.print0(f"stopped after step {step} with a checkpoint in "
+                        f"{args.checkpoint_dir}; run again to resume")
+        return stopping
+
     for epoch in range(sampler.epoch, args.epochs):  # a resumed run starts mid-epoch
         sampler.set_epoch(epoch)
-        losses, t0 = [], time.perf_counter()
-        for x, y in progress(loader, epoch):
+        t0, remaining, stopping = time.perf_counter(), len(loader), False
+        for i, (x, y) in enumerate(data.progress(loader, f"epoch {epoch}")):
             prof.begin()
             loss = F.cross_entropy(ddp(sn.Tensor(x)), y)
             prof.mark("forward")
@@ -183,27 +210,25 @@ def main(argv=None):
             prof.end()
             step += 1
             stopping = step == args.stop_after or (stop is not None and stop.should_stop())
-            every = args.checkpoint_every
-            if args.checkpoint_dir and (stopping or (every and step % every == 0)):
-                save(args, step, model, opt, sched, loader)
-            if stopping:
-                dist.print0(f"stopped after step {step} with a checkpoint in "
-                            f"{args.checkpoint_dir}; run again to resume")
+            if i + 1 < remaining and checkpoint_or_stop(stopping):  # the last: see below
                 return 3  # "stopped, resumable"
-        rate = len(losses) * global_batch / (time.perf_counter() - t0)
+        rate = remaining * global_batch / (time.perf_counter() - t0)
         val = data.evaluate(model, test_set)  # exact: every sample counted once
         record = {"epoch": epoch, "train_loss": dist.allreduce(float(np.mean(losses)), "mean"),
                   "val_loss": val["loss"], "val_accuracy": val["accuracy"],
                   "samples_per_s": rate, "lr": sched.get_last_lr()[0]}
-        if dist.is_root():
+        if dist.is_root() and epoch not in logged:  # one line per epoch, across resumes
             with open(args.metrics, "a") as f:
                 f.write(json.dumps(record) + "\n")
         dist.print0(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  val loss "
                     f"{val['loss']:.4f}  val accuracy {val['accuracy']:.4f} "
                     f"({val['count']} samples)  {rate:.0f} samples/s")
+        losses = []
+        if checkpoint_or_stop(stopping):  # at an epoch's end: after the epoch's line
+            return 3
 
     if args.checkpoint_dir:
-        save(args, step, model, opt, sched, loader)
+        save(args, step, model, opt, sched, loader, losses)
     prof.print_report()  # collective; nothing without --profile
     if args.plot and dist.is_root():
         plot(args.plot, args.metrics)

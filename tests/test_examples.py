@@ -1,5 +1,7 @@
 """The examples run as their docstrings say and pass their own checks."""
 import fcntl
+import importlib.util
+import json
 import os
 import pty
 import re
@@ -8,8 +10,11 @@ import subprocess
 import sys
 import termios
 
+import h5py
+import numpy as np
 import pytest
 
+from spmdnet import cli
 from tests.helpers.launch import ROOT, run_mpi
 
 
@@ -129,3 +134,110 @@ def test_stop_exits_3_under_python_m_mpi4py_without_abort(tmp_path):
                                 timeout=300)
     assert code == 3, err
     assert "stopped after step 5" in out and "MPI_Abort" not in err + out
+
+
+def _example(name):
+    """examples/<name>.py as a module (its main() not run; examples/ on the
+    path, as when run: train_3d.py imports train_mlp.py's options)."""
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "examples"))
+    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / f"examples/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BAD_OPTIONS = [
+    ("train_mlp", "--epochs", "-1"), ("train_mlp", "--epochs", "0"),
+    ("train_mlp", "--checkpoint-every", "-1"), ("train_mlp", "--stop-after", "-1"),
+    ("train_mlp", "--hidden", "0"), ("train_mlp", "--lr", "-1"), ("train_mlp", "--lr", "nan"),
+    ("train_mlp", "--batch-size", "0"), ("train_mlp", "--dropout", "1.5"),
+    ("train_mlp", "--seed", "-1"), ("train_mlp", "--min-accuracy", "2"),
+    ("train_3d", "--tp", "0"), ("train_3d", "--pp", "-1"), ("train_3d", "--micro-batches", "0"),
+    ("train_3d", "--epochs", "-1"), ("train_3d", "--hidden", "0"), ("train_3d", "--lr", "-1"),
+    ("train_ddp", "--epochs", "-1"), ("train_ddp", "--batch-size", "0"),
+    ("train_ddp", "--min-accuracy", "-0.5"), ("compute_pi", "--intervals", "0"),
+    ("tensor_parallel_mlp", "--tp", "-1"), ("tensor_parallel_mlp", "--hidden", "0"),
+    ("tensor_parallel_mlp", "--tolerance", "-1"), ("train_mlp", "--epochs", "abc"),
+]
+
+
+@pytest.mark.parametrize("name, option, value", BAD_OPTIONS)
+def test_a_bad_option_value_is_an_argparse_error_naming_it(name, option, value, capsys):
+    """Refused at parsing (exit code 2), before MPI starts, with the option and
+    the value as given (--lr -1, not the scaled learning rate)."""
+    with pytest.raises(SystemExit) as stopped:
+        _example(name).main([option, value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and value in err, err
+
+
+def test_a_bad_option_value_exits_2_from_the_command_line():
+    proc = subprocess.run([sys.executable, "examples/train_mlp.py", "--hidden", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "argument --hidden: 0 is not a positive integer" in \
+        proc.stderr, proc.stderr
+
+
+def test_cli_types_accept_good_values_and_name_bad_ones():
+    assert cli.positive_int("3") == 3 and cli.non_negative_int("0") == 0
+    assert cli.positive_float("1e-3") == 1e-3 and cli.probability("1") == 1.0
+    for parse, text in [(cli.positive_int, "1.5"), (cli.positive_float, "inf"),
+                        (cli.probability, "-0.1"), (cli.non_negative_int, "-2")]:
+        with pytest.raises(Exception, match=f"{text}.* is not "):
+            parse(text)
+
+
+def test_a_file_in_place_of_the_checkpoint_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file")
+    code, out, err, _ = run_mpi(2, ROOT / "examples/train_mlp.py", "--checkpoint-dir",
+                                blocker, "--data-dir", tmp_path, "--metrics",
+                                tmp_path / "m.jsonl", timeout=120)
+    assert code != 0 and str(blocker) in err, err
+    assert "CheckpointError" in err and "epoch" not in out, out
+
+
+def test_a_test_set_of_other_features_fails_before_training(tmp_path):
+    rng = np.random.default_rng(0)
+    train, test = tmp_path / "train.h5", tmp_path / "test.h5"
+    for path, n, features in ((train, 64, 8), (test, 16, 5)):  # 8 features, then 5
+        with h5py.File(path, "w") as f:
+            f["x"], f["y"] = rng.random((n, features), np.float32), np.arange(n) % 2
+    proc = subprocess.run([sys.executable, "examples/train_mlp.py", "--data", str(train),
+                           "--test-data", str(test), "--metrics", str(tmp_path / "m.jsonl")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode != 0 and str(train) in proc.stderr and str(test) in proc.stderr
+    assert "epoch" not in proc.stdout, proc.stdout
+
+
+def test_metrics_keep_one_line_per_epoch_across_stops_and_resumes(tmp_path):
+    """Stops mid-epoch, at an epoch's last step and at the run's last step
+    (11 steps per epoch at 2 ranks x 64); after resuming, metrics.jsonl holds
+    epochs 0, 1, 2 once each, with the uninterrupted run's values."""
+    common = ["--epochs", "3", "--batch-size", "64", "--min-accuracy", "0", "--data-dir",
+              tmp_path]
+
+    def run(metrics, *extra):
+        code, out, err, _ = run_mpi(2, ROOT / "examples/train_mlp.py", *common, "--metrics",
+                                    metrics, *extra, timeout=300)
+        return code, out, err
+
+    code, out, err = run(tmp_path / "full.jsonl")
+    assert code == 0 and "11 steps/epoch" in out, err
+    part = ["--checkpoint-dir", tmp_path / "ck"]
+    for stop in (5, 11, 16, 33):  # mid-epoch 0, end of 0, mid-epoch 1, end of the run
+        code, out, err = run(tmp_path / "part.jsonl", *part, "--stop-after", stop)
+        assert code == 3 and f"stopped after step {stop}" in out, err
+    code, out, err = run(tmp_path / "part.jsonl", *part)
+    assert code == 0 and "resumed from" in out, err
+
+    def records(name):
+        return [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+
+    full, part = records("full.jsonl"), records("part.jsonl")
+    assert [r["epoch"] for r in part] == [0, 1, 2]
+    for a, b in zip(full, part):
+        del a["samples_per_s"], b["samples_per_s"]
+        assert a == b

@@ -5,7 +5,8 @@ from .array import ArrayDataset
 from .evaluation import evaluate, shard_indices
 from .hdf5 import HDF5Dataset, check_same_features
 from .loader import DataLoader
+from .progressbar import progress
 from .sampler import DistributedSampler
 
 __all__ = ["ArrayDataset", "HDF5Dataset", "check_same_features", "DistributedSampler",
-           "DataLoader", "evaluate", "shard_indices", "datasets"]
+           "DataLoader", "progress", "evaluate", "shard_indices", "datasets"]

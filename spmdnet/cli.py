@@ -1,0 +1,32 @@
+"""argparse types for command-line options: a bad value stops the program
+at parsing, before any MPI work, with argparse's exit code 2 and a message
+naming the option (``argument --epochs: -1 is not a positive integer``).
+
+    p.add_argument("--epochs", type=cli.positive_int, default=20)
+"""
+import argparse
+import math
+
+
+def _checked(kind, test, what):
+    """An argparse type: ``kind(text)``, refused unless ``test`` holds."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+
+    parse.__name__ = parse.__qualname__ = what.replace(" ", "_")
+    return parse
+
+
+positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+non_negative_int = _checked(int, lambda v: v >= 0, "a non-negative integer")
+positive_float = _checked(float, lambda v: 0 < v < math.inf, "a positive finite number")
+probability = _checked(float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+
+__all__ = ["positive_int", "non_negative_int", "positive_float", "probability"]
