@@ -11,7 +11,7 @@ import time
 import h5py
 import numpy as np
 
-from launch import ROOT, mpiexec, run_mpi
+from tests.helpers.launch import ROOT, mpiexec, run_mpi
 
 TRAIN = ROOT / "examples/train_mlp.py"
 

@@ -18,7 +18,7 @@ from .collectives import allgather, allreduce, broadcast, on_host, reduce_scatte
 from .guard import guarded
 from .mesh import Mesh
 from .signals import StopSignal, finalize_and_exit
-from .runtime import (barrier, bound_device, comm_or_default, get_logger, init,
+from .runtime import (barrier, bound_device, comm_or_default, dup, free, get_logger, init,
                       is_initialized, is_root, local_rank, print0, rank, rank_label, size,
                       world)
 
@@ -27,4 +27,5 @@ __all__ = ["init", "world", "rank", "size", "local_rank", "is_root", "barrier", 
            "check_same", "comm_or_default", "DistributedError", "Mesh", "StopSignal",
            "finalize_and_exit", "compile_in_order",
            # for code that calls raw communicator methods (spmdnet.parallel, data, ...)
-           "guarded", "on_host", "mpi", "is_initialized", "bound_device", "rank_label"]
+           "guarded", "on_host", "mpi", "is_initialized", "bound_device", "rank_label",
+           "dup", "free"]

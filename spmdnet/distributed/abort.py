@@ -2,31 +2,45 @@
 
 Without this, the other ranks wait forever in their next collective (the
 most repeated complaint of ChainerMN and mpi4py users). The hook prints the
-traceback with every line prefixed ``[rank N] `` and calls
-``COMM_WORLD.Abort(1)``; the launcher then kills every rank.
+traceback with every line prefixed ``[rank N] ``, flushes stdout and
+stderr, waits ``ABORT_DELAY_S`` (so that other ranks failing at the same
+moment are not cut mid-traceback) and calls ``COMM_WORLD.Abort(1)``; the
+launcher then kills every rank.
 """
 import sys
 import threading
+import time
 import traceback
 
 from ._mpi import mpi
 
+ABORT_DELAY_S = 0.3  # for the launcher to forward the output, too
 _installed = {}
 
 
 def _report_and_abort(exc_type, exc, tb, where=""):
     MPI = mpi()  # initialised already: the hook is installed by dist.init
-    rank = MPI.COMM_WORLD.Get_rank()
-    size = MPI.COMM_WORLD.Get_size()
     lines = "".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n").split("\n")
-    head = f"uncaught exception{where}; aborting all {size} ranks"
-    text = "\n".join(f"[rank {rank}] {line}" for line in [head] + lines)
+    head = f"uncaught exception{where}; aborting all {MPI.COMM_WORLD.Get_size()} ranks"
+    abort_job([head] + lines)
+
+
+def abort_job(lines, code=1):
+    """Flush stdout, write ``lines`` to stderr tagged ``[rank N] ``, give the
+    launcher (and ranks failing at the same moment) ``ABORT_DELAY_S`` to pass
+    the output on, then ``COMM_WORLD.Abort(code)`` (only when size > 1)."""
+    MPI = mpi()
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     try:
-        sys.stderr.write(text + "\n")
+        sys.stdout.flush()  # whatever the program printed, first
+        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in lines))
         sys.stderr.flush()
+    except (OSError, ValueError):  # a closed or redirected stream: abort anyway
+        pass
     finally:
         if size > 1:
-            MPI.COMM_WORLD.Abort(1)
+            time.sleep(ABORT_DELAY_S)
+            MPI.COMM_WORLD.Abort(code)
 
 
 def _excepthook(exc_type, exc, tb):

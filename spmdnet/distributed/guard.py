@@ -1,63 +1,113 @@
 """Every collective passes through ``guarded(...)``: sequence numbers, the
 collective check mode and the stall watchdog hang off this one place.
 
-- ``SPMDNET_DEBUG_COLLECTIVES=1``: before each collective the ranks compare
-  (sequence number, op, shape, dtype) with an allgather and raise
-  DistributedError on every rank, with the per-rank table (call sites
-  included), when they differ: a mismatch becomes an error, not a hang.
-- ``SPMDNET_WATCHDOG_S=N``: a collective waiting longer than N seconds makes
-  the waiting rank ask every rank what it is doing (see ``watchdog``) and
-  print which collective, its sequence number, the call site and the ranks
-  that have not arrived; after ``SPMDNET_WATCHDOG_ABORT_S`` (default 2N) the
-  job is aborted with that report instead of burning the allocation.
-Both are read at ``dist.init()``; with both off a collective costs one
-counter increment here.
+- ``SPMDNET_DEBUG_COLLECTIVES=1``: before each collective every rank tells
+  the other members of its communicator which collective it is entering
+  (sequence number, op, shape, dtype, call site) and waits for theirs (see
+  ``crosscheck``): a mismatch on the same communicator, or a member sitting
+  in a collective on another communicator that includes this rank (the
+  deadlock of ranks with different numbers of batches), raises
+  DistributedError on those ranks, naming both call sites.
+- The stall watchdog (on by default, ``SPMDNET_WATCHDOG_S``): a collective
+  waiting longer than the limit makes the waiting rank ask every rank what
+  it is doing and print which collective, its sequence number, the call site
+  and the ranks that have not arrived; after ``SPMDNET_WATCHDOG_ABORT_S`` the
+  job is aborted with that report (see ``watchdog``).
+Both are read at ``dist.init()``. A guarded call costs a counter increment
+and, with the watchdog on, a few microseconds to note the call site.
 """
 import contextlib
+import functools
+import math
 import os
 import sys
 import threading
 import time
 
 from .. import config
-from ..errors import DistributedError
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
+WATCHDOG_S, ABORT_FACTOR = 300.0, 2.0   # defaults: report after 5 min, abort after 10
 _settings = {"debug": False, "watchdog_s": None, "abort_s": None}
 _seq = {}
 _lock = threading.Lock()
+_checker = {}  # "check": the CrossCheck of this process, set up by dist.init
 state = {"pending": None, "last": None}  # read by the watchdog thread
 
 
+def seconds(name, default):
+    """A non-negative number of seconds from knob ``name`` (0: off); anything
+    else raises ValueError naming the variable, the value and the range."""
+    value = config.get(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name}={value!r}: expected a number of seconds >= 0 "
+                         "(0 turns it off)")
+    return number
+
+
 def configure():
-    """Read the knobs (called by ``dist.init``); returns the watchdog limit or None."""
+    """Read the knobs (``dist.init`` calls it); returns the watchdog limit or None (off)."""
     _settings["debug"] = config.get_bool("SPMDNET_DEBUG_COLLECTIVES", False)
-    limit = config.get("SPMDNET_WATCHDOG_S")
-    _settings["watchdog_s"] = float(limit) if limit else None
-    abort = config.get("SPMDNET_WATCHDOG_ABORT_S")
-    if _settings["watchdog_s"] is not None:
-        _settings["abort_s"] = float(abort) if abort else 2 * _settings["watchdog_s"]
+    limit = seconds("SPMDNET_WATCHDOG_S", WATCHDOG_S)
+    abort = seconds("SPMDNET_WATCHDOG_ABORT_S", ABORT_FACTOR * limit)
+    _settings["watchdog_s"] = limit or None
+    _settings["abort_s"] = (abort or None) if limit else None
     return _settings["watchdog_s"]
+
+
+def set_checker(checker):
+    _checker["check"] = checker
+
+
+def register(comm):
+    """A new communicator (collective over ``comm``; called where spmdnet
+    creates one): its sequence numbers restart (MPI reuses the handles of
+    freed communicators) and it gets a job-wide id for the check mode."""
+    forget(comm)
+    if "check" in _checker:
+        _checker["check"].register(comm)
+
+
+def forget(comm):
+    with _lock:
+        _seq.pop(comm.py2f(), None)
+    if "check" in _checker:
+        _checker["check"].forget(comm)
 
 
 def settings():
     return dict(_settings)
 
 
-def call_site():
-    """'file:line in function' of the first caller outside spmdnet."""
-    frame = sys._getframe(1)
-    while frame is not None and _internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-
-
+@functools.cache
 def _internal(filename):
     path = os.path.abspath(filename)
     return path.startswith(_PACKAGE_DIR + os.sep) or path == _CONTEXTLIB
+
+
+def caller(depth=1):
+    """(file, line, function) of the first caller outside spmdnet, or None."""
+    frame = sys._getframe(depth)
+    while frame is not None and _internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno,
+                                       frame.f_code.co_name)
+
+
+def format_site(site):
+    return "?" if site is None else f"{site[0]}:{site[1]} in {site[2]}"
+
+
+def call_site():
+    """'file:line in function' of the first caller outside spmdnet."""
+    return format_site(caller(2))
 
 
 def comm_label(comm):
@@ -76,41 +126,43 @@ def _next_seq(comm):
 
 
 @contextlib.contextmanager
-def guarded(op, comm, array=None):
+def guarded(op, comm, array=None, peer=None):
     """``with dist.guarded("allgather(my buffers)", comm, array):`` around one
-    raw collective or point-to-point call on ``comm`` (``comm.Allgather``,
-    ``comm.bcast``, ``comm.Send`` ...). Every rank of ``comm`` must pass
-    through it in the same order: it numbers the call, and (when switched on,
-    see the module docstring) checks that the ranks agree on ``op``, shape and
-    dtype, and lets the watchdog name a stalled call. ``array``: the buffer,
-    for the check; yields the call's sequence number."""
-    seq = _next_seq(comm)
+    raw collective call on ``comm`` (``comm.Allgather``, ``comm.bcast`` ...).
+    Every rank of ``comm`` must pass through it in the same order: it numbers
+    the call, and (when switched on, see the module docstring) checks that
+    the ranks agree on ``op``, shape and dtype, and lets the watchdog name a
+    stalled call. ``array``: the buffer, for the check. ``peer``: the other
+    rank of a point-to-point call (``comm.Send``, ``comm.recv``): watched,
+    but neither numbered nor checked. Yields the call's sequence number."""
+    seq = _next_seq(comm) if peer is None else 0
     if not (_settings["debug"] or _settings["watchdog_s"]):
         yield seq
         return
-    site = call_site()
+    site = caller(3)  # past contextlib's __enter__ and this generator
     shape = tuple(array.shape) if array is not None else None
     dtype = str(array.dtype) if array is not None else None
-    if _settings["debug"]:
-        check_matching(comm, seq, op, shape, dtype, site)
-    entry = {"op": op, "seq": seq, "comm": comm_label(comm), "site": site,
-             "shape": shape, "dtype": dtype, "since": time.time()}
+    entry = {"op": op if peer is None else f"{op} with rank {peer}", "seq": seq,
+             "comm": comm, "site": site, "shape": shape, "dtype": dtype,
+             "since": time.time()}
     state["pending"] = entry
     try:
+        if _settings["debug"] and peer is None and "check" in _checker:
+            _checker["check"].check(comm, seq, op, shape, dtype, format_site(site))
         yield seq
     finally:
         state["pending"] = None
-        state["last"] = dict(entry, done=time.time())
+        state["last"] = entry
+        entry["done"] = time.time()
 
 
-def check_matching(comm, seq, op, shape, dtype, site):
-    """Raise DistributedError on every rank unless all ranks are about to
-    call the same collective (the check itself is one allgather)."""
-    rows = comm.allgather((seq, op, shape, dtype, site))
-    if all(r[:4] == rows[0][:4] for r in rows):
-        return
-    table = "\n".join(f"  rank {r}: #{s} {o} shape {sh} dtype {dt} at {st}"
-                      for r, (s, o, sh, dt, st) in enumerate(rows))
-    bad = next(r for r, row in enumerate(rows) if row[:4] != rows[0][:4])
-    raise DistributedError(f"collective mismatch on {comm_label(comm)}: rank {bad} differs "
-                           f"from rank 0\n{table}")
+def snapshot():
+    """This rank's collective state as plain, picklable data (for the watchdog)."""
+    return {key: plain(state[key]) for key in ("pending", "last")}
+
+
+def plain(entry):
+    """A state entry with its communicator and call site as text (or None)."""
+    if entry is None:
+        return None
+    return dict(entry, comm=comm_label(entry["comm"]), site=format_site(entry["site"]))

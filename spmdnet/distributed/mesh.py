@@ -10,6 +10,7 @@ every layer) sits inside one node, and only data-parallel gradient
 reductions (once per step) cross nodes. Every ``Comm.Split`` of spmdnet lives
 in this file.
 """
+from . import guard
 from .checks import check_same
 from .runtime import comm_or_default, init
 
@@ -55,6 +56,8 @@ class Mesh:
         self.pp = self.comm.Split(self.tp_rank + tp * self.dp_rank, self.rank)
         assert (self.tp.Get_rank(), self.dp.Get_rank(), self.pp.Get_rank()) == \
             (self.tp_rank, self.dp_rank, self.pp_rank), "Split order broke the layout"
+        for group in (self.tp, self.dp, self.pp):
+            guard.register(group)  # job-wide ids for the collective check mode
 
     def coords(self):
         """This rank's (pp_rank, dp_rank, tp_rank)."""
@@ -65,6 +68,7 @@ class Mesh:
         for name in ("tp", "dp", "pp"):
             comm = getattr(self, name)
             if comm is not None:
+                guard.forget(comm)
                 comm.Free()
                 setattr(self, name, None)
 

@@ -9,12 +9,14 @@ import os
 import sys
 
 from .. import backend, config
-from . import guard, watchdog
+from . import exits, guard, watchdog
 from ._mpi import mpi
 from .abort import install as install_abort_hook
+from .crosscheck import CrossCheck
 from .slurm import describe_job
 
-_state = {"world": None}  # read through world(), is_initialized(), bound_device()
+EXIT_TIMEOUT_S = 30.0
+_state = {"world": None, "control": None}  # read through world(), is_initialized(), ...
 
 
 class World:
@@ -62,15 +64,44 @@ def init(comm=None):
     if world is not None:
         world.free()
     world = _state["world"] = World(comm, MPI)
-    if guard.configure():
-        settings = guard.settings()
-        watchdog.start(comm, settings["watchdog_s"], settings["abort_s"])
+    _start_services(world)
     if config.get_bool("SPMDNET_ABORT_ON_ERROR", True):
         install_abort_hook()
     job = describe_job()
     if job and world.rank == 0:
         print(f"[rank 0] spmdnet: {job}", file=sys.stderr, flush=True)
     return world
+
+
+def _start_services(world):
+    """Once per process: a private Dup of the world for the check mode, the
+    watchdog and the exit agreement; the knobs are read (and validated) here."""
+    limit = guard.configure()
+    exit_s = guard.seconds("SPMDNET_EXIT_TIMEOUT_S", EXIT_TIMEOUT_S)
+    if _state["control"] is not None:
+        return
+    control = _state["control"] = world.comm.Dup()
+    guard.set_checker(CrossCheck(control, world.comm))
+    guard.register(world.comm)
+    if world.size > 1:
+        if limit:
+            settings = guard.settings()
+            watchdog.start(control, limit, settings["abort_s"], world.thread_multiple)
+        exits.install(control, exit_s)
+
+
+def dup(comm=None):
+    """A private duplicate of ``comm`` (default: the world), known to the
+    collective check mode (collective over ``comm``). Free it with ``free``."""
+    new = comm_or_default(comm).Dup()
+    guard.register(new)
+    return new
+
+
+def free(comm):
+    """Free a communicator made by ``dup`` or ``Mesh``."""
+    guard.forget(comm)
+    comm.Free()
 
 
 def world():

@@ -1,12 +1,16 @@
 """The stall watchdog: a thread that notices a collective waiting too long.
 
-Every rank runs the thread (``SPMDNET_WATCHDOG_S``). It answers "what are you
-doing?" queries from other ranks on a private communicator, and watches its
-own pending collective (``guard.state``): past the first limit it asks every
-rank and prints one report naming the collective, its sequence number, the
-call site and the ranks that have not arrived (with what they are doing);
-past the second limit it aborts the job with that report. It needs
-MPI_THREAD_MULTIPLE, which mpi4py requests by default.
+On by default: every rank runs the thread (``SPMDNET_WATCHDOG_S``, default
+300 s; ``0`` turns it off). It answers "what are you doing?" queries from
+other ranks on a private communicator, and watches only its own pending
+collective (``guard.state``): work outside collectives (compiling, rank-0-only
+data conversion) is never timed. Past the first limit it asks every rank and
+prints one report naming the collective, its sequence number, the call site
+and the ranks that have not arrived (with what they are doing); past
+``SPMDNET_WATCHDOG_ABORT_S`` (default twice the first limit: 600 s, PyTorch's
+collective timeout) it aborts the job with that report. It needs
+MPI_THREAD_MULTIPLE (mpi4py asks for it); where MPI grants less, ``start``
+warns once and the job runs unwatched.
 """
 import sys
 import threading
@@ -14,13 +18,16 @@ import time
 
 from . import guard
 from ._mpi import mpi
+from .abort import abort_job
 
 QUERY, REPLY = 7001, 7002
 _thread = {}
 
 
-def _describe(rank, st):
+def describe_state(rank, st):
     pending = st.get("pending")
+    if st.get("exited") is not None:
+        return f"rank {rank}: has left the program ({st['exited']})"
     if pending:
         return (f"rank {rank}: waiting in {pending['op']} #{pending['seq']} on "
                 f"{pending['comm']} for {time.time() - pending['since']:.1f} s at "
@@ -30,6 +37,39 @@ def _describe(rank, st):
         return (f"rank {rank}: not in a collective; last finished {last['op']} "
                 f"#{last['seq']} {time.time() - last['done']:.1f} s ago at {last['site']}")
     return f"rank {rank}: not in a collective; none finished yet"
+
+
+def emit(rank, what, lines):
+    """Write ``lines`` to stderr, each tagged ``[rank N] watchdog (what): ``; flushed."""
+    text = "\n".join(f"[rank {rank}] watchdog ({what}): {line}" for line in lines)
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def answer_queries(comm):
+    """Answer every pending "what are you doing?" query on ``comm``."""
+    MPI = mpi()
+    status = MPI.Status()
+    while comm.Iprobe(source=MPI.ANY_SOURCE, tag=QUERY, status=status):
+        comm.recv(source=status.Get_source(), tag=QUERY)
+        comm.send(dict(guard.snapshot(), exited=_thread.get("exited")),
+                  dest=status.Get_source(), tag=REPLY)
+
+
+def query(comm, ranks, timeout=2.0):
+    """{rank: state} of those of ``ranks`` whose watchdog answers within ``timeout``."""
+    MPI = mpi()
+    for r in ranks:
+        comm.isend(None, dest=r, tag=QUERY)
+    states, deadline = {}, time.time() + timeout
+    status = MPI.Status()
+    while len(states) < len(ranks) and time.time() < deadline:
+        answer_queries(comm)
+        if comm.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=status):
+            states[status.Get_source()] = comm.recv(source=status.Get_source(), tag=REPLY)
+        else:
+            time.sleep(0.01)
+    return states
 
 
 class Watchdog(threading.Thread):
@@ -42,64 +82,71 @@ class Watchdog(threading.Thread):
 
     def run(self):
         while not self.stopped.wait(self.poll_s):
-            self._answer_queries()
+            answer_queries(self.comm)
             pending = guard.state["pending"]
             if pending is None:
                 continue
             waited = time.time() - pending["since"]
-            if waited > self.limit_s and self.reported != pending["seq"]:
-                self.reported = pending["seq"]
-                self._emit(self._report(pending, waited), "stalled")
-            if waited > self.abort_s:  # the stall report above named the late ranks
-                self._emit([f"{pending['op']} #{pending['seq']} on {pending['comm']} has "
-                            f"waited {waited:.1f} s at {pending['site']}"], "aborting the job")
-                mpi().COMM_WORLD.Abort(1)
-
-    def _answer_queries(self):
-        MPI = mpi()
-        status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=QUERY, status=status):
-            self.comm.recv(source=status.Get_source(), tag=QUERY)
-            self.comm.send(dict(guard.state), dest=status.Get_source(), tag=REPLY)
+            aborting = self.abort_s is not None and waited > self.abort_s
+            if (waited > self.limit_s or aborting) and self.reported is not pending:
+                self.reported = pending
+                emit(self.rank, "stalled", self._report(guard.plain(pending), waited))
+            if aborting:  # the stall report above named the late ranks
+                site = guard.format_site(pending["site"])
+                abort_job([f"watchdog (aborting the job): {pending['op']} #{pending['seq']} on "
+                           f"{guard.comm_label(pending['comm'])} has waited {waited:.1f} s at "
+                           f"{site} (SPMDNET_WATCHDOG_ABORT_S={self.abort_s:g})"])
 
     def _report(self, pending, waited):
         """Ask every other rank for its state (2 s at most) and name the late ones."""
-        MPI = mpi()
-        for r in range(self.size):
-            if r != self.rank:
-                self.comm.isend(None, dest=r, tag=QUERY)
-        states, deadline = {self.rank: dict(guard.state)}, time.time() + 2.0
-        status = MPI.Status()
-        while len(states) < self.size and time.time() < deadline:
-            self._answer_queries()
-            if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=REPLY, status=status):
-                states[status.Get_source()] = self.comm.recv(source=status.Get_source(),
-                                                             tag=REPLY)
-            else:
-                time.sleep(0.01)
+        others = [r for r in range(self.size) if r != self.rank]
+        states = query(self.comm, others)
+        states[self.rank] = guard.snapshot()
         late = [r for r in range(self.size) if r not in states or not _in_same(states[r],
                                                                                pending)]
         lines = [f"{pending['op']} #{pending['seq']} on {pending['comm']} has waited "
                  f"{waited:.1f} s at {pending['site']}; ranks not in it: {late}"]
-        lines += [_describe(r, states[r]) if r in states else f"rank {r}: no answer (busy "
+        lines += [describe_state(r, states[r]) if r in states else f"rank {r}: no answer (busy "
                   "or hung outside Python)" for r in range(self.size)]
         return lines
-
-    def _emit(self, lines, what):
-        text = "\n".join(f"[rank {self.rank}] watchdog ({what}): {line}" for line in lines)
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
 
 
 def _in_same(st, pending):
     other = st.get("pending")
-    return other is not None and other["op"] == pending["op"] and \
-        other["seq"] == pending["seq"]
+    return other is not None and all(other[k] == pending[k] for k in ("op", "seq", "comm"))
 
 
-def start(comm, limit_s, abort_s):
-    """Start the watchdog once per process (on a private Dup of ``comm``)."""
-    if "thread" not in _thread:
-        _thread["thread"] = Watchdog(comm.Dup(), limit_s, abort_s)
-        _thread["thread"].start()
+def start(control, limit_s, abort_s, thread_multiple):
+    """Start the watchdog once per process, on ``control`` (a private Dup of the
+    world); warns and returns None where MPI did not grant MPI_THREAD_MULTIPLE."""
+    if "thread" in _thread:
+        return _thread["thread"]
+    if not thread_multiple:
+        if control.Get_rank() == 0:
+            sys.stderr.write("[rank 0] spmdnet WARNING: the stall watchdog is off: it needs "
+                             "MPI_THREAD_MULTIPLE, which this MPI did not grant (a hang "
+                             "will not be reported; set SPMDNET_WATCHDOG_S=0 to silence "
+                             "this)\n")
+            sys.stderr.flush()
+        return None
+    _thread["thread"] = Watchdog(control, limit_s, abort_s)
+    _thread["thread"].start()
     return _thread["thread"]
+
+
+def running():
+    return _thread.get("thread")
+
+
+def mark_exited(what):
+    """From now on, answer queries with "has left the program (what)"."""
+    _thread["exited"] = what
+
+
+def stop():
+    """Stop the thread before MPI is finalized (idempotent)."""
+    thread = _thread.pop("thread", None)
+    if thread is not None:
+        thread.stopped.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)

@@ -4,7 +4,8 @@ At construction the ranks check that they built the same model and take
 rank 0's parameters. During backward, each bucket of gradients starts its
 allreduce as soon as all its gradients are final; when ``loss.backward()``
 returns, every ``.grad`` holds the mean over the communicator, identical on
-all ranks. See ``buckets`` (memory layout) and ``reducer`` (overlap).
+all ranks. See ``buckets`` (memory layout), ``reducer`` (overlap) and
+``join`` (ranks with different numbers of batches: ``with ddp.join():``).
 """
 import contextlib
 import time
@@ -13,8 +14,9 @@ from .. import distributed as dist
 from ..backend import is_cupy_array, xp_of
 from ..errors import DistributedError, NonFiniteError
 from ..nn.module import Module
-from ..autograd import Function, queue_callback
+from ..autograd import Function, is_grad_enabled, queue_callback
 from .buckets import build_buckets
+from .join import Join, notify
 from .reducer import REDUCERS, choose_overlap
 
 MB = 1024 * 1024
@@ -38,7 +40,8 @@ def check_same_parameters(comm, named):
     """Raise DistributedError on every rank unless all ranks hold parameters
     with the same names, shapes and dtypes (in the same order)."""
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
-    everyone = comm.allgather(mine)
+    with dist.guarded("allgather(DataParallel parameters)", comm):
+        everyone = comm.allgather(mine)
     for r, theirs in enumerate(everyone):
         if theirs == everyone[0]:
             continue
@@ -97,7 +100,7 @@ class DataParallel(Module):
         check_same_parameters(base, named)
         # A private communicator: our reductions never interleave with the
         # user's collectives on the same communicator.
-        self.comm = base.Dup()
+        self.comm = dist.dup(base)
         self.size = self.comm.Get_size()
         params = [p for _, p in reversed(named)]
         self._names = {id(p): n for n, p in named}
@@ -113,6 +116,7 @@ class DataParallel(Module):
                              "has no non-blocking reductions on device memory)")
         self.reducer = REDUCERS[self.overlap](self.comm)
         self._sync = True
+        self._joining, self._join_iterations = False, 0
         self._finish_scheduled = False
         self._next = 0
         self.last_exposed_comm_s = 0.0
@@ -120,21 +124,24 @@ class DataParallel(Module):
                        for p in params]
 
     # -- construction --------------------------------------------------------------
-    def _broadcast_state(self):
-        """Every rank takes rank 0's parameters and buffers (one Bcast per bucket)."""
+    def _broadcast_state(self, root=0):
+        """Every rank takes ``root``'s parameters and buffers (one Bcast per bucket)."""
         for bucket in self.buckets:
             bucket.pack_data()
-            dist.broadcast(bucket.buffer, root=0, comm=self.comm)
+            dist.broadcast(bucket.buffer, root=root, comm=self.comm)
             bucket.unpack_data()
             bucket.buffer[...] = 0
             for p, view in zip(bucket.params, bucket.views):
                 if p.grad is view:
                     p.grad = None  # gradients from before wrapping are not kept
         for _, buf in self.module.named_buffers():
-            dist.broadcast(buf.data, root=0, comm=self.comm)
+            dist.broadcast(buf.data, root=root, comm=self.comm)
 
     # -- forward -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        if self._joining and self._sync and is_grad_enabled():
+            self._join_iterations += 1
+            notify(self.comm, True)  # the ranks that ran out of data answer 0
         out = self.module(*args, **kwargs)
         if self._sync and getattr(out, "requires_grad", False):
             out = _BackwardSentinel.apply(out, owner=self)
@@ -149,6 +156,30 @@ class DataParallel(Module):
             yield
         finally:
             self._sync = prev
+
+    def join(self, joinables=()):
+        """``with ddp.join(): for x, y in my_batches: ...``: ranks may have
+        different numbers of batches; a rank that runs out shadows the others'
+        collectives until every rank has, then all take the parameters of the
+        last one (PyTorch's ``join``; the mean stays over the initial number
+        of ranks). ``joinables``: more objects to shadow (see ``parallel.join``)."""
+        return Join(self, joinables)
+
+    def join_shadow(self):
+        """One iteration's collectives, with zero gradients (see ``parallel.join``)."""
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.grad = None
+        self._finish()
+
+    def join_done(self, last_rank):
+        """Take the parameters and buffers of ``last_rank``; gradients are kept."""
+        kept = [(b, b.buffer.copy(), [p.grad for p in b.params]) for b in self.buckets]
+        self._broadcast_state(root=last_rank)
+        for bucket, buffer, grads in kept:
+            bucket.buffer[...] = buffer
+            for p, grad in zip(bucket.params, grads):
+                p.grad = grad
 
     # -- during backward -----------------------------------------------------------
     def _schedule_finish(self):
@@ -212,8 +243,10 @@ class DataParallel(Module):
         bad, self._bad = self._bad, []
         if not dist.allreduce(int(bool(bad)), op="max", comm=self.comm):
             return
-        table = [f"rank {r} parameter {name!r}" for r, names in
-                 enumerate(self.comm.allgather(bad)) for name in names]
+        with dist.guarded("allgather(non-finite gradients)", self.comm):
+            everyone = self.comm.allgather(bad)
+        table = [f"rank {r} parameter {name!r}" for r, names in enumerate(everyone)
+                 for name in names]
         where = f"non-finite gradient at step {self.steps - 1}: " + ", ".join(table)
         if self.nonfinite == "raise":
             raise NonFiniteError(where)
@@ -234,5 +267,5 @@ class DataParallel(Module):
             for p in bucket.params:
                 p.grad_buffer = None
         if self.comm is not None:
-            self.comm.Free()
+            dist.free(self.comm)
             self.comm = None

@@ -34,13 +34,13 @@ def bubble_fraction(stages, micro_batches):
 
 def _send_array(comm, array, dest, tag):
     host = np.ascontiguousarray(asnumpy(array))
-    with dist.guarded(f"send(tag {tag})", comm, host):
+    with dist.guarded(f"send(tag {tag})", comm, host, peer=dest):
         comm.send((host.shape, host.dtype.str), dest=dest, tag=tag)
         comm.Send(host, dest=dest, tag=tag)
 
 
 def _recv_array(comm, source, tag):
-    with dist.guarded(f"recv(tag {tag})", comm):
+    with dist.guarded(f"recv(tag {tag})", comm, peer=source):
         shape, dtype = comm.recv(source=source, tag=tag)
         out = np.empty(shape, dtype=np.dtype(dtype))
         comm.Recv(out, source=source, tag=tag)

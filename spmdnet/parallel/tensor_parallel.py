@@ -176,7 +176,8 @@ def gather_state_dict(model, mesh):
             continue
         local = np.ascontiguousarray(state[key])
         parts = np.empty((mesh.tp_size,) + local.shape, local.dtype) if root else None
-        mesh.tp.Gather(local, parts, root=0)
+        with dist.guarded(f"gather({key})", mesh.tp, local):
+            mesh.tp.Gather(local, parts, root=0)
         if root:
             state[key] = np.concatenate(list(parts), axis=axis)
     return state if root else None
@@ -184,7 +185,10 @@ def gather_state_dict(model, mesh):
 
 def _bcast_from_first(obj, mesh):
     """``obj`` of the rank with tp_rank == dp_rank == 0, on its whole stage."""
-    return mesh.tp.bcast(mesh.dp.bcast(obj, root=0), root=0)
+    with dist.guarded("broadcast(object)", mesh.dp):
+        obj = mesh.dp.bcast(obj, root=0)
+    with dist.guarded("broadcast(object)", mesh.tp):
+        return mesh.tp.bcast(obj, root=0)
 
 
 def _full_shape(t, axis, tp):

@@ -119,7 +119,8 @@ class ZeroRedundancyOptimizer:
         laid out like the wrapped optimizer's own state_dict over ``params``."""
         inner = self.optim.state_dict()
         shard_state = inner["state"].get(0, {})
-        keys = self.comm.bcast(sorted(shard_state), root=0)
+        with dist.guarded("broadcast(optimizer state keys)", self.comm):
+            keys = self.comm.bcast(sorted(shard_state), root=0)
         full = {}
         for key in keys:
             value = shard_state[key]

@@ -1,6 +1,7 @@
 """Collective check mode, the non-finite guard and collective checkpoint
 errors: every rank raises the same error, nobody hangs."""
 import hashlib
+import time
 
 import numpy as np
 import pytest
@@ -61,7 +62,7 @@ def nan_step(mode):
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     ddp = parallel.DataParallel(model, nonfinite=mode, bucket_mb=0.00005)
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x = np.ones((2, 3))
+    x = np.ones((2, 3), np.float32)
     if dist.rank() == dist.size() - 1:
         x[0, 0] = np.nan  # the last rank's data is broken
     before = [p.data.copy() for p in model.parameters()]
@@ -89,7 +90,7 @@ def test_nonfinite_skip_skips_the_step_everywhere():
         np.testing.assert_array_equal(p.data, b)
     assert ddp.skipped_steps == 1 and len(set(replicas_hash(model))) == 1
     # the next, healthy step goes through
-    out = ddp(sn.tensor(np.ones((2, 3))))
+    out = ddp(sn.tensor(np.ones((2, 3), np.float32)))
     F.cross_entropy(out, np.array([0, 1])).backward()
     assert all(p.grad is not None and np.isfinite(p.grad).all() for p in model.parameters())
     ddp.close()
@@ -124,3 +125,26 @@ def test_corrupt_on_one_rank_raises_on_every_rank(tmp_path_factory):
     path = good if dist.rank() != dist.size() - 1 else directory + "/missing.h5"
     with pytest.raises(sn.CheckpointError, match=f"rank {dist.size() - 1}"):
         sn.load_checkpoint(path, nn.Linear(2, 3))
+
+
+def test_check_mode_leaves_groups_running_different_collectives_alone(debug_collectives):
+    if dist.size() % 2:
+        pytest.skip("needs an even number of ranks")
+    with dist.Mesh(tp=2) as mesh:
+        x = np.ones(3)
+        if mesh.dp_rank == 0:  # one TP group reduces twice ...
+            dist.allreduce(x, comm=mesh.tp)
+            dist.allreduce(x, comm=mesh.tp)
+        else:                  # ... the other broadcasts, late, then gathers
+            time.sleep(1.5)
+            dist.broadcast(x, comm=mesh.tp)
+            dist.allgather(x, comm=mesh.tp)
+        dist.barrier()
+
+
+def test_check_mode_waits_for_a_late_member(debug_collectives):
+    if dist.rank() == 0:
+        time.sleep(1.5)  # longer than the grace period: busy is no mismatch
+    x = np.ones(2)
+    dist.allreduce(x)
+    assert x[0] == dist.size()
