@@ -1,6 +1,5 @@
 """The examples run as their docstrings say and pass their own checks."""
 import fcntl
-import importlib.util
 import json
 import os
 import pty
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 from spmdnet import cli
-from tests.helpers.launch import ROOT, run_mpi
+from tests.helpers.launch import ROOT, load_example, run_mpi
 
 
 def test_compute_pi_on_four_ranks():
@@ -136,15 +135,7 @@ def test_stop_exits_3_under_python_m_mpi4py_without_abort(tmp_path):
     assert "stopped after step 5" in out and "MPI_Abort" not in err + out
 
 
-def _example(name):
-    """examples/<name>.py as a module (its main() not run; examples/ on the
-    path, as when run: train_3d.py imports train_mlp.py's options)."""
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / f"examples/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_example = load_example
 
 
 BAD_OPTIONS = [

@@ -2,8 +2,6 @@
 parallel over dp, equals the serial model (loss and every gradient); so does
 examples/train_3d.py's model, on every layout the world size allows (loss,
 updated weights and pipeline inference)."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
+from tests.helpers.launch import load_example
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, HIDDEN, CLASSES, BATCH = 6, 8, 3, 16
@@ -63,15 +62,6 @@ def test_pipeline_of_tensor_parallel_stages_with_data_parallel_equals_serial():
                                    err_msg=name)
     ddp.close()
     mesh.free()
-
-
-def load_example(name):
-    """An example script as a module (its main() does not run)."""
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
