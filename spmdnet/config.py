@@ -6,8 +6,9 @@ import os
 
 KNOBS = {
     "SPMDNET_DEVICE": "cpu | gpu | auto (default auto: gpu when CuPy sees one)",
-    "SPMDNET_KERNELS": "numba | xp (default numba when Numba imports): whether ops take "
-                       "the Numba kernels; read once, at the first op (kernels.use() "
+    "SPMDNET_KERNELS": "numba | numba-cuda | xp (default numba when Numba imports): "
+                       "whether ops take the Numba kernels (numba-cuda: also the CUDA "
+                       "ones on CuPy arrays, slower than CuPy's on an H100); read once, at the first op (kernels.use() "
                        "changes it for a block)",
     "SPMDNET_KERNEL_CACHE": "1 | 0 (default 1): keep compiled kernels on disk between runs "
                             "(kernels.warmup(comm=...) compiles in rank order)",

@@ -1,5 +1,6 @@
 """Every op that has a kernel, on CuPy arrays on a real GPU: the numba.cuda
-kernels against the plain-CuPy path (``kernels.use("xp")``) and against the
+kernels (``kernels.use("numba-cuda")``; the default "numba" mode leaves CuPy
+arrays to CuPy) against the plain-CuPy path (``kernels.use("xp")``) and against the
 NumPy run on the host. Skipped without CuPy and a CUDA device; the same
 kernels run under the CUDA simulator in test_kernels_numerics.py."""
 import numpy as np
@@ -33,7 +34,7 @@ CASES = {
     "linear_gelu": (lambda x, w, b: F.linear(x, w, b, activation="gelu"), LINEAR),
     "gelu": (lambda x: F.gelu(x), [(5, 31)]),
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), [(5, 31)]),
-    "layer_norm": (lambda x, w, b: F.layer_norm(x, w, b), [(6, 40), (40,), (40,)]),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (40,), w, b), [(6, 40), (40,), (40,)]),
 }
 
 
@@ -44,7 +45,7 @@ def test_op_on_gpu_matches_xp_and_host(name, dtype):
     fn, shapes = CASES[name]
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
-    with kernels.use("numba"):
+    with kernels.use("numba-cuda"):
         got = _run(fn, arrays, "gpu")
     with kernels.use("xp"):
         ref = _run(fn, arrays, "gpu")
@@ -68,7 +69,7 @@ def test_cross_entropy_and_embedding_on_gpu(dtype):
         return F.cross_entropy(lg, sn.Tensor(backend.to_device(labels, backend.device_of(
             lg.data)))) + (emb * emb).sum()
 
-    with kernels.use("numba"):
+    with kernels.use("numba-cuda"):
         got = _run(loss, [logits, table], "gpu")
     with kernels.use("xp"):
         ref = _run(loss, [logits, table], "gpu")
@@ -93,4 +94,4 @@ def test_optimizer_kernels_on_gpu_match_xp(make):
                 opt.step()
         return backend.asnumpy(p.data)
 
-    np.testing.assert_allclose(train("numba"), train("xp"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(train("numba-cuda"), train("xp"), rtol=1e-5, atol=1e-6)

@@ -24,7 +24,10 @@ from . import activation, embedding, loss, norm, optim_kernels
 from ._numba import available
 from ._target import array_target
 
-MODES = ("numba", "xp")
+# "numba": the kernels TABLE lists, on the targets each row lists (CPU only so
+# far); "numba-cuda": also every row's numba.cuda kernels on CuPy arrays (for
+# tests and measurement); "xp": none.
+MODES = ("numba", "numba-cuda", "xp")
 
 # Logits of up to this many elements: forward and backward together measured
 # at least 2x faster (256x10: 2.4x). Larger logits make the forward
@@ -54,6 +57,10 @@ class Rule(NamedTuple):
     ``array_target``) under which the op takes them."""
     kernels: dict
     when: Callable = _always
+    # On an H100 (numba-cuda, CuPy 14) the numba.cuda kernels made the MLP
+    # step 2x slower than CuPy's own (3.2 against 1.6 ms: launch overhead),
+    # so no row takes them by default; "numba-cuda" mode does.
+    targets: tuple = ("cpu",)
 
 
 def _activation(name):  # the activation ops: no bias, the input untouched
@@ -106,7 +113,7 @@ def mode():
 def enabled():
     """True when the ops may take kernels: mode ``numba`` and Numba imports
     (one warning when it does not)."""
-    return mode() == "numba" and available()
+    return mode() != "xp" and available()
 
 
 @contextlib.contextmanager
@@ -129,7 +136,11 @@ def lookup(op, *arrays, step="forward"):
     ``None`` entries among the arrays are skipped."""
     rule = TABLE[op]
     kernel = rule.kernels.get(step)
-    if kernel is None or not enabled() or array_target(*arrays) is None \
-            or not rule.when(*arrays):
+    if kernel is None or not enabled():
+        return None
+    target = array_target(*arrays)
+    if target is None or not rule.when(*arrays):
+        return None
+    if target not in rule.targets and mode() != "numba-cuda":
         return None
     return kernel
