@@ -1,15 +1,21 @@
 """Every SPMDNET_* environment knob, read in one place.
 
-Read at call time (not import time) so tests and launchers can set them late.
+Read at call time (not import time) so tests and launchers can set them late;
+``check_environment()`` (run when this module is first imported, by any
+``import spmdnet``) validates every knob that
+is set up front, so a bad value fails at once, naming the variable, the value
+and what is accepted, on serial runs too, never halfway through a job.
 """
+import math
 import os
+import warnings
 
 KNOBS = {
     "SPMDNET_DEVICE": "cpu | gpu | auto (default auto: gpu when CuPy sees one)",
     "SPMDNET_KERNELS": "numba | numba-cuda | xp (default numba when Numba imports): "
                        "whether ops take the Numba kernels (numba-cuda: also the CUDA "
-                       "ones on CuPy arrays, slower than CuPy's on an H100); read once, at the first op (kernels.use() "
-                       "changes it for a block)",
+                       "ones on CuPy arrays, slower than CuPy's on an H100); read once, "
+                       "at the first op (kernels.use() changes it for a block)",
     "SPMDNET_KERNEL_CACHE": "1 | 0 (default 1): keep compiled kernels on disk between runs "
                             "(kernels.warmup(comm=...) compiles in rank order)",
     "SPMDNET_CACHE_DIR": "spmdnet's per-user cache directory (default "
@@ -18,7 +24,7 @@ KNOBS = {
     "SPMDNET_ABORT_ON_ERROR": "1 | 0 (default 1: an uncaught exception aborts "
                               "the whole MPI job)",
     "SPMDNET_CUDA_AWARE": "1 | 0 | auto (default auto: probe the MPI library)",
-    "SPMDNET_LOG_LEVEL": "DEBUG | INFO | WARNING (default WARNING)",
+    "SPMDNET_LOG_LEVEL": "DEBUG | INFO | WARNING | ERROR (default WARNING)",
     "SPMDNET_DEBUG_COLLECTIVES": "1 | 0 (default 0): ranks compare every collective "
                                  "(op, shape, dtype, sequence) before calling it",
     "SPMDNET_WATCHDOG_S": "seconds a collective may wait before every waiting rank "
@@ -56,3 +62,60 @@ def get_choice(name, choices, default):
     if value not in choices:
         raise ValueError(f"{name}={value!r}: expected one of {sorted(choices)}")
     return value
+
+
+def get_seconds(name, default):
+    """A non-negative number of seconds (0: off); anything else raises
+    ValueError naming the variable, the value and the range."""
+    value = get(name)
+    return default if value is None else _seconds(name, value)
+
+
+def _seconds(name, value):
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name}={value!r}: expected a number of seconds >= 0 "
+                         "(0 turns it off)")
+    return number
+
+
+_BOOL = ("1", "0", "true", "false", "yes", "no", "on", "off")
+# How each knob is checked up front: accepted values (lower case), "seconds",
+# or None (free text, such as a path).
+CHECKS = {
+    "SPMDNET_DEVICE": ("auto", "cpu", "gpu"),
+    "SPMDNET_KERNELS": ("numba", "numba-cuda", "xp"),
+    "SPMDNET_KERNEL_CACHE": _BOOL,
+    "SPMDNET_CACHE_DIR": None,
+    "SPMDNET_ABORT_ON_ERROR": _BOOL,
+    "SPMDNET_CUDA_AWARE": ("1", "0", "auto"),
+    "SPMDNET_LOG_LEVEL": ("debug", "info", "warning", "error"),
+    "SPMDNET_DEBUG_COLLECTIVES": _BOOL,
+    "SPMDNET_WATCHDOG_S": "seconds",
+    "SPMDNET_WATCHDOG_ABORT_S": "seconds",
+    "SPMDNET_EXIT_TIMEOUT_S": "seconds",
+}
+assert set(CHECKS) == set(KNOBS), "every knob needs a check"
+
+
+def check_environment(environ=None):
+    """Validate every SPMDNET_* variable that is set: ValueError naming the
+    variable, the value and the accepted values; a warning for an unknown
+    SPMDNET_* name (a typo would otherwise be ignored silently)."""
+    environ = os.environ if environ is None else environ
+    for name, value in environ.items():
+        if not name.startswith("SPMDNET_") or value == "":
+            continue
+        if name not in CHECKS:
+            warnings.warn(f"{name} is not an spmdnet knob (known: {', '.join(sorted(KNOBS))})",
+                          stacklevel=2)
+        elif CHECKS[name] == "seconds":
+            _seconds(name, value)
+        elif CHECKS[name] is not None and value.lower() not in CHECKS[name]:
+            raise ValueError(f"{name}={value!r}: expected one of {', '.join(CHECKS[name])}")
+
+
+check_environment()  # a bad SPMDNET_* value fails at import, naming it, never mid-job
