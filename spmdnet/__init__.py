@@ -11,7 +11,23 @@ from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoin
 from .errors import CheckpointError, DistributedError
 from .ops import REGISTRY as _OPS  # noqa: F401 - binds the Tensor operators
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
-from ._tensor import Tensor, as_tensor, get_default_dtype, set_default_dtype, tensor
+from ._tensor import Tensor, get_default_dtype, set_default_dtype
+from .creation import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
+                       is_tensor, linspace, ones, ones_like, rand, rand_like, randint, randn,
+                       randn_like, randperm, tensor, zeros, zeros_like)
+from .dtypes import *  # noqa: F403 - PyTorch's dtype names: sn.float32, sn.long, ... (dtypes.py)
+from .ops.index import cat, chunk, concat, concatenate, narrow, split, stack, tril, triu, unbind
+from .ops.shape import flatten, permute, reshape, squeeze, transpose, unflatten, unsqueeze
+from .ops.compare import (eq, equal, ge, gt, isfinite, isinf, isnan, le, logical_and,
+                          logical_not, logical_or, logical_xor, lt, ne)
+from .ops.einsum import einsum
+from .ops.linalg import bmm, matmul
+from .ops.reduce import amax, amin, argmax, argmin, logsumexp, mean, norm, prod, std, var
+from .ops.reduce import all, any, max, min, sum  # noqa: A004,F401 - sn.sum...: not in __all__
+from .ops.select import clamp, clip, masked_fill, maximum, minimum, where
+from .ops.sort import argsort, sort, topk
+from .ops.unary import abs  # noqa: A004,F401 - sn.abs: not in __all__
+from .ops.unary import cos, exp, log, log1p, rsqrt, sigmoid, sin, sqrt, tanh
 from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
                        queue_callback)
 
@@ -22,4 +38,19 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
            "DistributedError", "CheckpointError", "save_checkpoint", "load_checkpoint",
            "latest_checkpoint", "check_checkpoint_dir", "functional", "nn", "optim", "dist",
-           "distributed", "parallel", "data", "autograd"]
+           "distributed", "parallel", "data", "autograd",
+           # creation (creation.py) and shape functions (ops/shape.py, ops/index.py);
+           # the dtype names (dtypes.py: sn.float32, sn.long, ...) stay out of __all__,
+           # as `from spmdnet import *` would shadow Python's float, int and bool
+           "zeros", "ones", "full", "empty", "arange", "linspace", "eye", "rand", "randn",
+           "randint", "randperm", "zeros_like", "ones_like", "full_like", "empty_like",
+           "rand_like", "randn_like", "from_numpy", "is_tensor", "cat", "concat",
+           "concatenate", "stack", "split", "chunk", "unbind", "narrow", "tril", "triu",
+           "reshape", "transpose", "permute", "flatten", "unflatten", "squeeze", "unsqueeze",
+           # math (ops/): sn.sum, max, min, abs, any, all exist too but stay out of
+           # __all__ for the same reason as the dtype names
+           "where", "masked_fill", "maximum", "minimum", "clamp", "clip", "matmul", "bmm",
+           "einsum", "isfinite", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge", "equal",
+           "logical_and", "logical_or", "logical_xor", "logical_not", "exp", "log", "log1p",
+           "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "mean", "var", "std", "prod",
+           "amax", "amin", "argmax", "argmin", "logsumexp", "norm", "sort", "argsort", "topk"]

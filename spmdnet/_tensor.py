@@ -15,7 +15,7 @@ Python lists and new parameters hold.
 """
 import numpy as np
 
-from .backend import asnumpy, device_of, is_cupy_array, to_device
+from .backend import asnumpy, device_of, is_cupy_array
 
 _default_dtype = [np.dtype(np.float32)]
 
@@ -49,16 +49,17 @@ def _as_array(x, dtype=None):
 class Tensor:
     """An array with an optional gradient and the graph that produced it."""
 
-    __slots__ = ("data", "grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
+    __slots__ = ("data", "_grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
                  "_post_hooks", "_retain", "__weakref__")
     __array_priority__ = 1000  # ndarray OP Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False):
         self.data = _as_array(data)
-        self.grad = None
-        # Preallocated storage for this leaf's gradient (data parallelism's
-        # flat bucket views): when .grad is None, backward writes the
-        # gradient here, directly into it where the op supports ``out=``.
+        self._grad = None
+        # Preallocated home of this leaf's gradient: a Tensor whose .data is
+        # a view into a flat buffer (data parallelism's buckets). When .grad
+        # is None, backward writes the gradient into it (through ``out=``
+        # where the op supports it) and makes this same Tensor the .grad.
         self.grad_buffer = None
         self._ctx = None
         self._hooks = None
@@ -68,6 +69,26 @@ class Tensor:
         self.requires_grad = requires_grad
 
     # -- attributes ------------------------------------------------------------
+    @property
+    def grad(self):
+        """The accumulated gradient: a Tensor (its ``.data`` the array), or None."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        """Accepts None, a Tensor or an array (wrapped without a copy); the
+        shape and dtype must match the tensor's, as PyTorch checks."""
+        if value is not None:
+            if not isinstance(value, Tensor):
+                value = Tensor(_as_array(value))
+            if value.data.shape != self.data.shape:
+                raise RuntimeError(f"assigned grad has data of a different size: "
+                                   f"{value.data.shape} != {self.data.shape}")
+            if value.data.dtype != self.data.dtype:
+                raise RuntimeError(f"assigned grad has data of a different type: "
+                                   f"{value.data.dtype} != {self.data.dtype}")
+        self._grad = value
+
     @property
     def requires_grad(self):
         return self._requires_grad
@@ -82,9 +103,34 @@ class Tensor:
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)
     ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
     device = property(lambda self: device_of(self.data))
     is_leaf = property(lambda self: self._ctx is None)
+    is_cuda = property(lambda self: is_cupy_array(self.data))
+
+    def size(self, dim=None):
+        """The shape (a tuple), or the length of dim ``dim``, as PyTorch
+        (the element count is ``numel()``)."""
+        if dim is None:
+            return self.data.shape
+        ndim = self.data.ndim
+        if not -ndim <= dim < ndim:
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-ndim}, {ndim - 1}], but got {dim})" if ndim else
+                             f"dimension specified as {dim} but tensor has no dimensions")
+        return self.data.shape[dim]
+
+    def numel(self):
+        """The number of elements."""
+        return int(self.data.size)
+
+    nelement = numel
+
+    def dim(self):
+        """The number of dims (``ndim``)."""
+        return self.data.ndim
+
+    def element_size(self):
+        return self.data.dtype.itemsize
 
     def __len__(self):
         return len(self.data)
@@ -95,12 +141,25 @@ class Tensor:
 
     def __bool__(self):
         if self.data.size != 1:
-            raise ValueError(f"truth value of a tensor of shape {self.shape} is ambiguous")
+            raise RuntimeError(f"Boolean value of Tensor with more than one value is "
+                               f"ambiguous (shape {self.shape})")
         return bool(self.data)
 
     __hash__ = object.__hash__  # identity, so tensors can key dicts and sets
 
     # -- conversions -------------------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(t)``: the host array, as PyTorch's (which raises for
+        a tensor that requires grad and for a GPU tensor; so does this)."""
+        if self._requires_grad:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
+                               "Use tensor.detach().numpy() instead.")
+        if is_cupy_array(self.data):
+            raise TypeError("can't convert a gpu tensor to numpy: use .numpy() or .cpu() "
+                            "to copy it to host memory first")
+        arr = self.data if dtype is None else self.data.astype(dtype, copy=False)
+        return arr.copy() if copy else arr
+
     def numpy(self):
         """A host NumPy copy of the data (never shares memory with the tensor)."""
         return np.array(asnumpy(self.data), copy=True)
@@ -108,8 +167,15 @@ class Tensor:
     def item(self):
         """The single element as a Python scalar."""
         if self.data.size != 1:
-            raise ValueError(f"item() needs exactly one element, tensor has shape {self.shape}")
+            raise RuntimeError(f"a Tensor with {self.data.size} elements cannot be converted "
+                               f"to Scalar (item() needs exactly one; shape {self.shape})")
         return self.data.reshape(()).item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
 
     def tolist(self):
         return self.numpy().tolist()
@@ -118,20 +184,14 @@ class Tensor:
         """A tensor sharing this data, outside any graph."""
         return Tensor(self.data)
 
-    def to(self, device):
-        """This tensor on ``"cpu"`` or ``"gpu"`` (a new leaf when it moves)."""
-        if device_of(self.data) == device:
-            return self
-        return Tensor(to_device(self.data, device), requires_grad=self.requires_grad)
-
     def astype(self, dtype):
         """A copy cast to ``dtype``, outside the graph (use for labels, masks)."""
         return Tensor(self.data.astype(dtype))
 
     # -- hooks -------------------------------------------------------------------
     def register_hook(self, fn):
-        """Run ``fn(grad)`` when this tensor's gradient is known; a non-None
-        return value replaces the gradient."""
+        """Run ``fn(grad)`` (a Tensor) when this tensor's gradient is known; a
+        non-None return value (a Tensor or an array) replaces the gradient."""
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that does not require grad")
         self._hooks = (self._hooks or []) + [fn]
@@ -166,16 +226,3 @@ class _HookHandle:
         hooks = getattr(self.tensor, self.slot) or []
         setattr(self.tensor, self.slot, [h for h in hooks if h is not self.fn] or None)
 
-
-def tensor(data, dtype=None, requires_grad=False):
-    """A new leaf tensor holding a copy of ``data`` (list, scalar, NumPy or
-    CuPy array, or Tensor). Arrays keep their dtype; floating lists and
-    scalars take the default dtype."""
-    arr = _as_array(data, dtype)
-    arr = arr.copy() if arr is data or (isinstance(data, Tensor) and arr is data.data) else arr
-    return Tensor(arr, requires_grad=requires_grad)
-
-
-def as_tensor(data, dtype=None):
-    """A tensor sharing ``data``'s memory when no conversion is needed."""
-    return data if isinstance(data, Tensor) and dtype is None else Tensor(_as_array(data, dtype))

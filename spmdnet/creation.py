@@ -1,0 +1,213 @@
+"""Tensor creation with PyTorch's signatures: ``tensor``, ``zeros``,
+``ones``, ``full``, ``empty``, ``arange``, ``linspace``, ``eye``, ``rand``,
+``randn``, ``randint``, ``randperm`` and the ``*_like`` forms.
+
+Sizes are ``*size`` or one tuple; every function takes ``dtype=``,
+``device=`` (``"cpu"``, ``"gpu"``; ``"cuda"`` is the GPU) and
+``requires_grad=``. Floating results take the default dtype
+(``sn.set_default_dtype``), integer ``arange`` and ``randint`` are int64,
+as PyTorch. Random draws come from spmdnet's generator (``sn.manual_seed``).
+"""
+import numpy as np
+
+from ._tensor import Tensor, _as_array, get_default_dtype
+from .backend import require_cupy, to_device
+from .ops.convert import resolve_device, resolve_dtype
+from .ops.shape import shape_arg
+from .random import generator_for
+
+
+def _xp(device):
+    return require_cupy() if resolve_device(device) == "gpu" else np
+
+
+def _dtype(dtype, default):
+    """``dtype`` resolved, or ``default`` when None (a dtype is never used as
+    a truth value: ``bool(np.dtype("f4"))`` is False)."""
+    return default if dtype is None else resolve_dtype(dtype)
+
+
+def _float(dtype):
+    return _dtype(dtype, get_default_dtype())
+
+
+def _new(array, requires_grad):
+    return Tensor(array, requires_grad=requires_grad)
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """A new leaf tensor holding a copy of ``data`` (list, scalar, NumPy or
+    CuPy array, or Tensor). Arrays keep their dtype (and device, unless
+    ``device`` is given); floating lists and scalars take the default dtype,
+    integer ones int64."""
+    arr = _as_array(data, resolve_dtype(dtype))
+    if arr is data or (isinstance(data, Tensor) and arr is data.data):
+        arr = arr.copy()
+    device = resolve_device(device)
+    return _new(arr if device is None else to_device(arr, device), requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None):
+    """A tensor sharing ``data``'s memory when no conversion is needed."""
+    if isinstance(data, Tensor) and dtype is None and device is None:
+        return data
+    arr = _as_array(data, resolve_dtype(dtype))
+    device = resolve_device(device)
+    return Tensor(arr if device is None else to_device(arr, device))
+
+
+def from_numpy(array):
+    """A tensor sharing ``array``'s memory."""
+    return Tensor(array)
+
+
+def is_tensor(obj):
+    return isinstance(obj, Tensor)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False):
+    return _new(_xp(device).zeros(shape_arg(size), _float(dtype)), requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    return _new(_xp(device).ones(shape_arg(size), _float(dtype)), requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False):
+    """Uninitialised memory, as PyTorch (read nothing before writing)."""
+    return _new(_xp(device).empty(shape_arg(size), _float(dtype)), requires_grad)
+
+
+def _fill_dtype(value):
+    """PyTorch's dtype for a ``full`` value: bool, int64, default float."""
+    if isinstance(value, (bool, np.bool_)):
+        return np.dtype(np.bool_)
+    if isinstance(value, (int, np.integer)):
+        return np.dtype(np.int64)
+    if isinstance(value, complex):
+        return np.dtype(np.complex64 if get_default_dtype() == np.float32 else np.complex128)
+    return get_default_dtype()
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    dtype = _dtype(dtype, _fill_dtype(fill_value))
+    return _new(_xp(device).full(shape_arg((size,)), fill_value, dtype), requires_grad)
+
+
+def _like(input, dtype, device):  # noqa: A002 - PyTorch's argument name
+    return (_dtype(dtype, input.dtype),
+            _xp(device if device is not None else input.device))
+
+
+def zeros_like(input, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    dtype, xp = _like(input, dtype, device)
+    return _new(xp.zeros(input.shape, dtype), requires_grad)
+
+
+def ones_like(input, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    dtype, xp = _like(input, dtype, device)
+    return _new(xp.ones(input.shape, dtype), requires_grad)
+
+
+def empty_like(input, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    dtype, xp = _like(input, dtype, device)
+    return _new(xp.empty(input.shape, dtype), requires_grad)
+
+
+def full_like(input, fill_value, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    dtype, xp = _like(input, dtype, device)
+    return _new(xp.full(input.shape, fill_value, dtype), requires_grad)
+
+
+def _number(x):
+    return x.item() if isinstance(x, Tensor) else x
+
+
+def arange(start=0, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    """``start, start+step, ...`` below ``end``; ``arange(n)`` is ``0..n-1``.
+    int64 when every bound is an integer, else the default float dtype."""
+    start, end, step = _number(start), _number(end), _number(step)
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    integral = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+    dtype = _dtype(dtype, np.dtype(np.int64) if integral else get_default_dtype())
+    xp = _xp(device)
+    values = xp.arange(start, end, step, dtype=np.int64 if integral else np.float64)
+    return _new(values.astype(dtype, copy=False), requires_grad)
+
+
+def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive."""
+    values = _xp(device).linspace(_number(start), _number(end), int(steps), dtype=np.float64)
+    return _new(values.astype(_float(dtype)), requires_grad)
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    return _new(_xp(device).eye(n, n if m is None else m, dtype=_float(dtype)), requires_grad)
+
+
+def _draw(device, generator):
+    xp = _xp(device)
+    return xp, generator if generator is not None else generator_for(xp)
+
+
+def _floating_draw(method, size, generator, dtype, device, requires_grad):
+    dtype = _float(dtype)
+    xp, rng = _draw(device, generator)
+    native = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+    out = getattr(rng, method)(shape_arg(size), dtype=native)
+    return _new(out.astype(dtype, copy=False), requires_grad)
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    """Uniform on [0, 1) from spmdnet's generator."""
+    return _floating_draw("random", size, generator, dtype, device, requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    """Standard normal from spmdnet's generator."""
+    return _floating_draw("standard_normal", size, generator, dtype, device, requires_grad)
+
+
+def rand_like(input, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    return rand(input.shape, dtype=_dtype(dtype, input.dtype),
+                device=device or input.device, requires_grad=requires_grad)
+
+
+def randn_like(input, dtype=None, device=None, requires_grad=False):  # noqa: A002
+    return randn(input.shape, dtype=_dtype(dtype, input.dtype),
+                 device=device or input.device, requires_grad=requires_grad)
+
+
+def randint(*args, size=None, low=None, high=None, generator=None, dtype=None, device=None,
+            requires_grad=False):
+    """Integers in ``[low, high)`` (``low`` defaults to 0), PyTorch's
+    ``randint(high, size)`` / ``randint(low, high, size)``; int64."""
+    args = list(args)
+    if size is None and args and isinstance(args[-1], (tuple, list)):
+        size = args.pop()
+    if size is None:
+        raise TypeError("randint() missing required argument 'size' (a tuple)")
+    bounds = args + [v for v in (low, high) if v is not None]
+    if len(bounds) == 1:
+        bounds = [0] + bounds
+    if len(bounds) != 2:
+        raise TypeError(f"randint() takes (high, size) or (low, high, size), got {len(args)} "
+                        "positional bounds")
+    low, high = (int(_number(b)) for b in bounds)
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
+                           f"from={low} >= to={high}")
+    _, rng = _draw(device, generator)
+    out = rng.integers(low, high, size=shape_arg((size,)), dtype=np.int64)
+    return _new(out.astype(_dtype(dtype, np.int64), copy=False), requires_grad)
+
+
+def randperm(n, generator=None, dtype=None, device=None, requires_grad=False):
+    """A random permutation of ``0..n-1`` (int64), drawn on the host."""
+    rng = generator if generator is not None else generator_for(np)
+    out = rng.permutation(int(n)).astype(_dtype(dtype, np.int64))
+    device = resolve_device(device)
+    return _new(out if device in (None, "cpu") else to_device(out, device), requires_grad)
