@@ -1,51 +1,71 @@
-"""The functional API (``spmdnet.functional as F``), PyTorch's names.
+"""The functional API, PyTorch's names, signatures and semantics:
+``import spmdnet.nn.functional as F`` (PyTorch's path) and
+``import spmdnet.functional as F`` give this one module.
 
-Thin wrappers over the ops in ``spmdnet.ops``: they validate arguments and
-turn Python values into tensors; the math lives in the ops.
+Thin wrappers over the ops in ``spmdnet.ops``: they check arguments and turn
+Python values into tensors; the math lives in the ops. The losses' and the
+newer activations' wrappers sit next to their ops (ops/losses.py,
+ops/pointwise_losses.py, ops/activations.py) and are re-exported here.
+docs/PYTORCH.md lists the differences from torch.nn.functional.
 """
+import math
+import warnings
+
+from ._tensor import Tensor
 from .backend import xp_of
 from .ops import (
     GELU,
-    Concatenate,
-    CrossEntropy,
     Dropout,
     Embedding,
     LayerNorm,
     Linear,
     LinearAct,
     LogSoftmax,
-    MSELoss,
+    Normalize,
+    Pad,
     Softmax,
-    Stack,
     as_tensor_like,
     exp,
     log,
     matmul,
-    relu,
+    relu as _relu,
     sigmoid,
     sqrt,
     tanh,
 )
-from ._tensor import Tensor
+from .ops._util import dim_arg, normalize_axes
+from .ops.activations import elu, leaky_relu, silu, softplus
+from .ops.convert import cast
+from .ops.index import concatenate, stack
+from .ops.losses import cross_entropy, nll_loss
+from .ops.pointwise_losses import (
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    l1_loss,
+    mse_loss,
+    smooth_l1_loss,
+)
 
-__all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "exp", "log", "sqrt", "matmul",
-           "softmax", "log_softmax", "cross_entropy", "mse_loss", "dropout", "layer_norm",
-           "embedding", "concatenate", "stack"]
-
-_REDUCTIONS = ("mean", "sum", "none")
-
+__all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "silu", "leaky_relu", "elu",
+           "softplus", "exp", "log", "sqrt", "matmul", "softmax", "log_softmax",
+           "cross_entropy", "nll_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "mse_loss", "l1_loss", "smooth_l1_loss",
+           "dropout", "layer_norm", "embedding", "one_hot", "pad", "normalize",
+           "scaled_dot_product_attention", "concatenate", "stack"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def linear(x, weight, bias=None, activation=None):
-    """x @ weight.T + bias, weight of shape (out_features, in_features).
+# -- layers and activations -----------------------------------------------------------------
+def linear(input, weight, bias=None, activation=None):  # noqa: A002 - PyTorch's names
+    """input @ weight.T + bias, weight of shape (out_features, in_features).
 
     ``activation`` (one of ``ACTIVATIONS``; "gelu_tanh" is
-    ``gelu(approximate="tanh")``) applies it in the same op: the same values
-    as ``F.relu(F.linear(x, w, b))``, with one pass over the output instead of
-    three (``nn.Sequential`` fuses Linear + activation this way)."""
-    x = as_tensor_like(x, weight)
+    ``gelu(approximate="tanh")``; not in PyTorch) applies it in the same op:
+    the same values as ``F.relu(F.linear(x, w, b))``, with one pass over the
+    output instead of three (``nn.Sequential`` fuses Linear + activation)."""
+    x = as_tensor_like(input, weight)
     args = (x, weight) if bias is None else (x, weight, bias)
     if activation is None:
         return Linear.apply(*args)
@@ -55,91 +75,192 @@ def linear(x, weight, bias=None, activation=None):
     return LinearAct.apply(*args, activation=activation)
 
 
-def gelu(x, approximate="none"):
+def relu(input, inplace=False):  # noqa: A002
+    """max(input, 0). ``inplace=True`` computes out of place (use the result)."""
+    return _relu(input)
+
+
+def gelu(input, approximate="none"):  # noqa: A002
     """x·Φ(x); ``approximate="tanh"`` uses the tanh formula."""
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return GELU.apply(x, approximate=approximate)
+        raise RuntimeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return GELU.apply(input, approximate=approximate)
 
 
-def softmax(x, axis=-1):
-    return Softmax.apply(x, axis=axis)
+def _softmax_dim(name, ndim, stacklevel):
+    """PyTorch's implicit dim (deprecated there, with this warning)."""
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the "
+                  "call to include dim=X as an argument.", UserWarning, stacklevel=stacklevel)
+    return 0 if ndim in (0, 1, 3) else 1
 
 
-def log_softmax(x, axis=-1):
-    return LogSoftmax.apply(x, axis=axis)
+def _softmax(cls, name, input, dim, stacklevel, dtype, axis):
+    dim = dim_arg(name, dim, axis)[0]
+    if dim is None:
+        dim = _softmax_dim(name, input.ndim, stacklevel + 1)
+    if dtype is not None:
+        input = cast(input, dtype)
+    return cls.apply(input, axis=normalize_axes(dim, input.ndim)[0])
 
 
-def _check_reduction(reduction):
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+def softmax(input, dim=None, _stacklevel=3, dtype=None, *, axis=None):  # noqa: A002
+    """exp(x) / sum(exp(x)) along ``dim``; no dim: PyTorch's implicit choice
+    (0 for 0-, 1- and 3-D input, else 1) with its warning."""
+    return _softmax(Softmax, "softmax", input, dim, _stacklevel, dtype, axis)
 
 
-def cross_entropy(logits, labels, reduction="mean"):
-    """Softmax cross-entropy of logits (N, C) against integer labels (N,)."""
-    _check_reduction(reduction)
-    labels = labels.data if isinstance(labels, Tensor) else labels
-    xp = xp_of(logits.data, labels)
-    labels = xp.asarray(labels)
-    if logits.ndim != 2 or labels.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: expected logits (N, C) and labels (N,), got "
-                         f"{logits.shape} and {labels.shape}")
-    if labels.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: labels must be integers, got dtype {labels.dtype}")
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= logits.shape[1]):
-        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
-        raise ValueError(f"cross_entropy: label {bad} is out of range [0, {logits.shape[1]})")
-    return CrossEntropy.apply(logits, Tensor(labels), reduction=reduction)
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None, *, axis=None):  # noqa: A002
+    return _softmax(LogSoftmax, "log_softmax", input, dim, _stacklevel, dtype, axis)
 
 
-def mse_loss(a, b, reduction="mean"):
-    """Mean (or sum, or elementwise) squared difference of equal shapes."""
-    _check_reduction(reduction)
-    b = as_tensor_like(b, a)
-    if a.shape != b.shape:
-        raise ValueError(f"mse_loss: shapes {a.shape} and {b.shape} differ")
-    return MSELoss.apply(a, b, reduction=reduction)
-
-
-def dropout(x, p=0.5, training=True):
+def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     """Zero elements with probability p and scale the rest by 1/(1-p)."""
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
-        return x
+        return input
     if p == 1.0:  # every element dropped; the 1/(1-p) scale would divide by zero
-        return x * 0.0
-    return Dropout.apply(x, p=p)
+        return input * 0.0
+    return Dropout.apply(input, p=p)
 
 
-def layer_norm(x, weight=None, bias=None, eps=1e-5):
-    """Normalise over the last axis; optional elementwise weight and bias."""
+def _layer_norm_last(x, weight, bias, eps):
+    """Over the last dim; the op takes both of weight and bias or neither."""
     if weight is None and bias is None:
         return LayerNorm.apply(x, eps=eps)
     like = weight if weight is not None else bias
     xp = xp_of(like.data)
     weight = weight if weight is not None else Tensor(xp.ones_like(like.data))
     bias = bias if bias is not None else Tensor(xp.zeros_like(like.data))
-    if weight.shape != x.shape[-1:] or bias.shape != x.shape[-1:]:
-        raise ValueError(f"layer_norm: weight {weight.shape} and bias {bias.shape} must "
-                         f"match the last axis of the input {x.shape}")
     return LayerNorm.apply(x, weight, bias, eps=eps)
 
 
-def embedding(indices, weight):
-    """Rows of ``weight`` (num, dim) selected by integer ``indices``."""
-    idx = indices.data if isinstance(indices, Tensor) else xp_of(weight.data).asarray(indices)
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    """Normalise over the trailing dims ``normalized_shape`` (an int or a
+    tuple), then scale and shift by ``weight`` and ``bias`` of that shape."""
+    if not isinstance(normalized_shape, (int, tuple, list)):
+        raise TypeError("layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5): "
+                        f"normalized_shape must be an int or a tuple, got "
+                        f"{type(normalized_shape).__name__}")
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if not 0 < k <= input.ndim or tuple(input.shape[input.ndim - k:]) != shape:
+        raise RuntimeError(f"layer_norm: given normalized_shape={list(shape)}, expected input "
+                           f"with shape [*, {', '.join(map(str, shape))}], but got input of "
+                           f"size {list(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise RuntimeError(f"layer_norm: {name} has shape {tuple(t.shape)}, expected "
+                               f"normalized_shape {shape}")
+    if k == 1:
+        return _layer_norm_last(input, weight, bias, eps)
+    flat = [None if t is None else t.reshape(-1) for t in (weight, bias)]
+    out = _layer_norm_last(input.reshape(tuple(input.shape[:-k]) + (-1,)), *flat, eps)
+    return out.reshape(input.shape)
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # noqa: A002
+              scale_grad_by_freq=False, sparse=False):
+    """Rows of ``weight`` (num, dim) selected by integer ``input``; the row
+    ``padding_idx`` receives no gradient. ``sparse=True`` gives the same
+    values as a dense gradient; max_norm and scale_grad_by_freq raise."""
+    if max_norm is not None or scale_grad_by_freq:
+        raise NotImplementedError("embedding: max_norm and scale_grad_by_freq are not "
+                                  "supported")
+    idx = input.data if isinstance(input, Tensor) else xp_of(weight.data).asarray(input)
+    num = weight.shape[0]
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got dtype {idx.dtype}")
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= weight.shape[0]):
-        raise ValueError(f"embedding: index out of range [0, {weight.shape[0]}): "
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num):
+        raise IndexError(f"embedding: index out of range [0, {num}): "
                          f"min {int(idx.min())}, max {int(idx.max())}")
-    return Embedding.apply(weight, indices=idx)
+    if padding_idx is not None:
+        if not -num <= padding_idx < num:
+            raise ValueError(f"embedding: padding_idx {padding_idx} must be within "
+                             f"num_embeddings {num}")
+        padding_idx %= num
+    return Embedding.apply(weight, indices=idx, padding_idx=padding_idx)
 
 
-def concatenate(tensors, axis=0):
-    return Concatenate.apply(*tensors, axis=axis)
+# -- tensors ----------------------------------------------------------------------------------
+def one_hot(tensor, num_classes=-1):
+    """int64 tensor of shape ``tensor.shape + (num_classes,)``; -1: max + 1."""
+    idx = tensor.data if isinstance(tensor, Tensor) else xp_of().asarray(tensor)
+    xp = xp_of(idx)
+    if idx.dtype.kind not in "iu":
+        raise RuntimeError(f"one_hot is only applicable to index tensor, got dtype {idx.dtype}")
+    if idx.size and int(idx.min()) < 0:
+        raise RuntimeError("one_hot: Class values must be non-negative.")
+    if num_classes == -1:
+        if not idx.size:
+            raise RuntimeError("one_hot: Can not infer total number of classes from empty "
+                               "tensor.")
+        num_classes = int(idx.max()) + 1
+    elif idx.size and int(idx.max()) >= num_classes:
+        raise RuntimeError(f"one_hot: Class values must be smaller than num_classes "
+                           f"({num_classes}), got {int(idx.max())}.")
+    return Tensor((idx[..., None] == xp.arange(num_classes)).astype(xp.int64))
 
 
-def stack(tensors, axis=0):
-    return Stack.apply(*tensors, axis=axis)
+def pad(input, pad, mode="constant", value=None):  # noqa: A002
+    """Pad the last dims: ``pad`` = (left, right) of the last dim, then of the
+    one before, and so on (PyTorch's order: last dim first). A negative amount
+    crops in "constant" mode; "reflect" mirrors without repeating the edge,
+    "replicate" repeats the edge, "circular" wraps around."""
+    if len(pad) % 2:
+        raise RuntimeError(f"pad: padding length must be divisible by 2, got {len(pad)}")
+    if len(pad) // 2 > input.ndim:
+        raise RuntimeError(f"pad: padding length {len(pad)} is too large for a "
+                           f"{input.ndim}-D input")
+    if mode not in PAD_MODES:
+        raise NotImplementedError(f"pad: mode must be one of {PAD_MODES}, got {mode!r}")
+    widths = [(0, 0)] * input.ndim
+    for k in range(len(pad) // 2):
+        widths[input.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    for n, (b, a) in zip(input.shape, widths):
+        if n + b + a < 0 or (mode != "constant" and min(b, a) < 0):
+            raise RuntimeError(f"pad: padding {tuple(pad)} gives a negative size for "
+                               f"input {tuple(input.shape)} (mode {mode!r})")
+        limit = n if mode == "circular" else n - 1
+        if mode in ("reflect", "circular") and max(b, a) > limit:
+            raise RuntimeError(f"pad: {mode} padding {tuple(pad)} must be at most {limit} "
+                               f"for a dim of size {n} (input {tuple(input.shape)})")
+    if value is not None and mode != "constant":
+        raise RuntimeError(f"pad: padding mode {mode!r} doesn't take in value argument")
+    return Pad.apply(input, widths=tuple(widths), mode=mode,
+                     value=0.0 if value is None else value)
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
+    """input / max(‖input‖_p, eps) along ``dim``."""
+    if out is not None:
+        raise NotImplementedError("normalize: out= is not supported; use the result")
+    return Normalize.apply(input, p=p, dim=dim, eps=eps)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None):
+    """softmax(query @ keyᵀ · scale + mask) @ value over (..., L, E), (..., S, E)
+    and (..., S, Ev). A bool ``attn_mask`` is True where attention is allowed;
+    a float one is added to the scores; ``is_causal`` allows the lower
+    triangle of (L, S); ``scale`` defaults to 1/sqrt(E). ``dropout_p`` drops
+    attention weights whenever it is > 0 (pass 0.0 in evaluation)."""
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: give attn_mask or is_causal, "
+                           "not both")
+    xp = xp_of(query.data)
+    length, source, e = query.shape[-2], key.shape[-2], query.shape[-1]
+    scale = 1.0 / math.sqrt(e) if scale is None else scale
+    scores = matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        attn_mask = xp.tril(xp.ones((length, source), dtype=bool))
+    if attn_mask is not None:
+        mask = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+        if mask.dtype.kind == "b":
+            scores = scores + Tensor(xp.where(mask, 0.0, -xp.inf).astype(scores.dtype))
+        else:
+            scores = scores + as_tensor_like(attn_mask, scores)
+    weights = Softmax.apply(scores, axis=scores.ndim - 1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p, training=True)
+    return matmul(weights, value)

@@ -25,7 +25,8 @@ def _run(fn, arrays, device):
     weights = backend.to_device(np.linspace(-1, 1, out.data.size).reshape(out.shape)
                                 .astype(out.dtype), device)
     (out * sn.Tensor(weights)).sum().backward()
-    return [backend.asnumpy(out.data)] + [backend.asnumpy(t.grad) for t in ts if t.grad is not None]
+    return [backend.asnumpy(out.data)] + [backend.asnumpy(t.grad.data) for t in ts
+                                          if t.grad is not None]
 
 
 LINEAR = [(33, 17), (9, 17), (9,)]

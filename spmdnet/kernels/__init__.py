@@ -4,7 +4,7 @@
 module         kernels                                 used by (the xp reference)
 =============  ======================================  ===================================
 activation     bias + activation, forward/backward     ops.linalg.LinearAct, ops.unary
-loss           softmax cross-entropy, fwd/bwd          ops.nn_ops.CrossEntropy
+loss           softmax cross-entropy, fwd/bwd          ops.losses.CrossEntropy
 norm           layer norm, forward/backward            ops.nn_ops.LayerNorm
 embedding      embedding backward (row scatter-add)    ops.nn_ops.Embedding
 optim_kernels  SGD and Adam/AdamW updates              optim.SGD, optim.Adam

@@ -3,7 +3,7 @@ forward and backward, each one pass over the logits.
 
 Forward keeps the softmax (N, C), as the reference keeps log-probabilities;
 backward is then ``(softmax - onehot) * scale`` in one pass. The plain-xp
-reference is ``spmdnet.ops.nn_ops.CrossEntropy``.
+reference is ``spmdnet.ops.losses.CrossEntropy``.
 
 The op uses these kernels for small logits only (dispatch.py's table,
 ``CROSS_ENTROPY_MAX_SIZE``).

@@ -1,13 +1,16 @@
-"""Neural-network ops: softmax, log_softmax, cross_entropy, mse_loss,
-dropout, layer_norm, embedding.
+"""Neural-network ops: softmax, log_softmax, dropout, layer_norm, embedding,
+pad, normalize. (Losses: losses.py and pointwise_losses.py.)
 
-cross_entropy, layer_norm and embedding's backward run kernels where
-``kernels.lookup`` gives them, decided at forward for backward too; the xp
-code here is their reference.
+layer_norm and embedding's backward run kernels where ``kernels.lookup``
+gives them, decided at forward for backward too; the xp code here is their
+reference.
 """
+import numpy as np
+
 from .. import kernels
 from ..autograd import Function
 from ..backend import scatter_add, xp_of
+from ._util import normalize_axes
 from ..random import generator_for
 from .linalg import buffer_for
 
@@ -37,58 +40,6 @@ class LogSoftmax(Function):
     def backward(self, g):
         xp = xp_of(g)
         return g - xp.exp(self.out) * g.sum(axis=self.axis, keepdims=True)
-
-
-class CrossEntropy(Function):
-    """Fused log_softmax + negative log likelihood over logits (N, C) and
-    integer labels (N,); reduction "mean", "sum" or "none"."""
-
-    def forward(self, logits, labels, reduction="mean"):
-        n = logits.shape[0]
-        self.labels, self.reduction = labels, reduction
-        kernel = kernels.lookup("cross_entropy", logits)
-        self.backward_kernel = kernels.lookup("cross_entropy", logits, step="backward")
-        if kernel is not None:  # keeps the softmax (N, C) for backward
-            losses, self.probs = kernel(logits, labels)
-        else:
-            xp = xp_of(logits, labels)
-            self.logp = _log_softmax(logits, axis=1)
-            losses = -self.logp[xp.arange(n), labels]
-        if reduction == "none":
-            return losses
-        total = losses.sum()
-        return total / n if reduction == "mean" else total
-
-    def backward(self, g):
-        xp = xp_of(g)
-        n = self.labels.shape[0]
-        if self.reduction == "none":
-            scale = g
-        else:
-            scale = g / n if self.reduction == "mean" else g
-        if self.backward_kernel is not None:
-            scale = xp.full(n, scale, dtype=self.probs.dtype) if self.reduction != "none" \
-                else scale.astype(self.probs.dtype, copy=False)
-            return self.backward_kernel(self.probs, self.labels, scale), None
-        grad = xp.exp(self.logp)  # softmax
-        grad[xp.arange(n), self.labels] -= 1
-        grad *= scale[:, None] if self.reduction == "none" else scale
-        return grad, None
-
-
-class MSELoss(Function):
-    def forward(self, a, b, reduction="mean"):
-        self.diff, self.reduction = a - b, reduction
-        sq = self.diff * self.diff
-        if reduction == "none":
-            return sq
-        return sq.mean() if reduction == "mean" else sq.sum()
-
-    def backward(self, g):
-        scale = 2.0 / self.diff.size if self.reduction == "mean" else 2.0
-        ga = (g * scale) * self.diff
-        need_a, need_b = self.needs_input_grad
-        return (ga if need_a else None), (-ga if need_b else None)
 
 
 class Dropout(Function):
@@ -149,17 +100,103 @@ class LayerNorm(Function):
 
 
 class Embedding(Function):
-    """weight[indices]; backward scatter-adds rows (indices may repeat)."""
+    """weight[indices]; backward scatter-adds rows (indices may repeat). The
+    row ``padding_idx`` (if given) gets no gradient."""
 
-    def forward(self, weight, indices):
+    def forward(self, weight, indices, padding_idx=None):
         self.shape, self.dtype, self.indices = weight.shape, weight.dtype, indices
+        self.padding_idx = padding_idx
         self.backward_kernel = kernels.lookup("embedding", weight, step="backward")
         return weight[indices]
 
     def backward(self, g):
         if self.backward_kernel is not None:  # in index order, into the gradient buffer
             dest = buffer_for(self.dest(0), self.shape, self.dtype)
-            return self.backward_kernel(g, self.indices, self.shape[0], out=dest)
-        out = xp_of(g).zeros(self.shape, dtype=self.dtype)
-        scatter_add(out, self.indices.reshape(-1), g.reshape(-1, self.shape[1]))
+            out = self.backward_kernel(g, self.indices, self.shape[0], out=dest)
+        else:
+            out = xp_of(g).zeros(self.shape, dtype=self.dtype)
+            scatter_add(out, self.indices.reshape(-1), g.reshape(-1, self.shape[1]))
+        if self.padding_idx is not None:
+            out[self.padding_idx] = 0
         return out
+
+
+def _pad_source(n, before, after, mode):
+    """For each output position along a dim of size n, the input position
+    it copies (reflect: mirrored without repeating the edge; replicate: the
+    edge; circular: wrapped)."""
+    positions = range(-before, n + after)
+    if mode == "reflect":
+        return [abs(i) if abs(i) < n else 2 * (n - 1) - abs(i) for i in positions]
+    if mode == "replicate":
+        return [min(max(i, 0), n - 1) for i in positions]
+    return [i % n for i in positions]  # circular
+
+
+class Pad(Function):
+    """Pad each dim by (before, after): with ``value`` (mode "constant"; a
+    negative amount crops), or by indexing the input ("reflect",
+    "replicate", "circular"), whose backward adds the copies back."""
+
+    def forward(self, x, widths=(), mode="constant", value=0.0):
+        xp = xp_of(x)
+        self.shape, self.widths, self.mode = x.shape, widths, mode
+        if mode == "constant":
+            self.src = tuple(slice(max(0, -b), n - max(0, -a))
+                             for n, (b, a) in zip(x.shape, widths))
+            self.dst = tuple(slice(max(0, b), max(0, b) + s.stop - s.start)
+                             for b, s in zip((w[0] for w in widths), self.src))
+            out = xp.full(tuple(n + b + a for n, (b, a) in zip(x.shape, widths)), value, x.dtype)
+            out[self.dst] = x[self.src]
+            return out
+        self.index = [None if b == a == 0 else xp.asarray(_pad_source(n, b, a, mode))
+                      for n, (b, a) in zip(x.shape, widths)]
+        for axis, idx in enumerate(self.index):
+            if idx is not None:
+                x = xp.take(x, idx, axis=axis)
+        return x
+
+    def backward(self, g):
+        xp = xp_of(g)
+        if self.mode == "constant":
+            out = xp.zeros(self.shape, g.dtype)
+            out[self.src] = g[self.dst]
+            return out
+        for axis in reversed(range(len(self.shape))):
+            idx = self.index[axis]
+            if idx is not None:
+                moved = xp.moveaxis(g, axis, 0)
+                out = xp.zeros((self.shape[axis],) + moved.shape[1:], g.dtype)
+                scatter_add(out, idx, moved)
+                g = xp.moveaxis(out, 0, axis)
+        return g
+
+
+class Normalize(Function):
+    """x / max(‖x‖_p, eps) along ``dim``; p may be ``inf`` (the largest |x|,
+    its gradient split among ties)."""
+
+    def forward(self, x, p=2.0, dim=1, eps=1e-12):
+        xp = xp_of(x)
+        self.x, self.p, self.dim, self.eps = x, p, normalize_axes(dim, x.ndim), eps
+        a = xp.abs(x)
+        if p == float("inf"):
+            self.norm = a.max(axis=self.dim, keepdims=True)
+        else:
+            self.norm = (a ** p).sum(axis=self.dim, keepdims=True) ** (1.0 / p)
+        self.denom = xp.maximum(self.norm, eps)
+        return x / self.denom
+
+    def backward(self, g):
+        xp = xp_of(g)
+        x, norm = self.x, self.norm
+        through = (g * x).sum(axis=self.dim, keepdims=True) / (self.denom * self.denom)
+        through = through * (norm >= self.eps)  # clamp_min passes where norm >= eps
+        if self.p == float("inf"):
+            ties = xp.abs(x) == norm
+            dnorm = xp.sign(x) * ties / ties.sum(axis=self.dim, keepdims=True)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):  # norm 0: masked below
+                dnorm = xp.sign(x) * xp.abs(x) ** (self.p - 1) / norm ** (self.p - 1)
+            dnorm = xp.where(norm > 0, dnorm, 0)
+        return g / self.denom - through * dnorm
