@@ -19,7 +19,7 @@ def trained(seed=0):
     sn.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Dropout(0.2), nn.Linear(6, 3))
     opt = optim.Adam(model.parameters(), lr=0.01)
-    x, y = np.random.default_rng(seed).standard_normal((8, 4)), np.arange(8) % 3
+    x, y = np.random.default_rng(seed).standard_normal((8, 4), np.float32), np.arange(8) % 3
     for _ in range(3):
         loss = F.cross_entropy(model(sn.tensor(x)), y)
         opt.zero_grad()

@@ -1,4 +1,6 @@
 """Helpers shared by the ops: undoing broadcasting, normalising axes."""
+import numpy as np
+
 
 
 def unbroadcast(grad, shape):
@@ -35,3 +37,66 @@ def expand_reduced(grad, shape, axes, keepdims):
     if keepdims:
         return grad
     return grad.reshape([1 if i in axes else n for i, n in enumerate(shape)])
+
+
+def dim_arg(name, dim, axis, keepdim=False, keepdims=None):
+    """``(dim, keepdim)`` from PyTorch's names and NumPy's aliases (``axis=``,
+    ``keepdims=``), raising when both spellings are given."""
+    if axis is not None:
+        if dim is not None:
+            raise TypeError(f"{name}() got both dim={dim!r} and axis={axis!r}")
+        dim = axis
+    if keepdims is not None:
+        keepdim = keepdims
+    return dim, bool(keepdim)
+
+
+# PyTorch's type promotion (torch.result_type). Categories: bool < integer <
+# floating < complex. Operands are ranked dimensioned tensor > 0-dim tensor >
+# Python scalar; a lower rank decides the result only when its category is
+# higher, and then a Python float stands for the default float dtype.
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+
+
+def promote_types(a, b):
+    """The smallest dtype holding both, PyTorch's table: across categories the
+    higher category's dtype wins (int64 with float32 is float32)."""
+    if a == b:
+        return a
+    ca, cb = _CATEGORY[a.kind], _CATEGORY[b.kind]
+    if ca != cb:
+        return a if ca > cb else b
+    return np.promote_types(a, b)
+
+
+def _combine(higher, lower):
+    """PyTorch's combine_categories: ``higher`` from higher-ranked operands
+    wins unless ``lower`` is of a higher category (or ``higher`` is bool)."""
+    if higher is None or lower is None:
+        return lower if higher is None else higher
+    if _CATEGORY[higher.kind] < _CATEGORY[lower.kind] or higher.kind == "b":
+        return promote_types(higher, lower)
+    return higher
+
+
+def scalar_dtype(x, default_float):
+    """The dtype a Python scalar stands for in promotion."""
+    if isinstance(x, bool):
+        return np.dtype(bool)
+    if isinstance(x, int):
+        return np.dtype(np.int64)
+    if isinstance(x, complex):
+        return np.dtype(np.complex64 if default_float == np.float32 else np.complex128)
+    return default_float
+
+
+def result_type(dims, zeros, scalars):
+    """The result dtype of an op over dimensioned-tensor dtypes ``dims``,
+    0-dim tensor dtypes ``zeros`` and Python-scalar dtypes ``scalars``."""
+    slots = []
+    for group in (dims, zeros, scalars):
+        out = None
+        for d in group:
+            out = d if out is None else promote_types(out, d)
+        slots.append(out)
+    return _combine(slots[0], _combine(slots[1], slots[2]))

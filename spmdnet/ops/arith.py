@@ -1,7 +1,11 @@
-"""Elementwise arithmetic with broadcasting: add, sub, mul, div, neg, pow."""
-from ..backend import xp_of
+"""Elementwise arithmetic with broadcasting and PyTorch's type promotion:
+add, sub, mul, div, neg, pow."""
+import numpy as np
+
+from .._tensor import Tensor, _as_array, get_default_dtype
 from ..autograd import Function
-from ._util import unbroadcast
+from ..backend import xp_of
+from ._util import result_type, scalar_dtype, unbroadcast
 
 
 class Add(Function):
@@ -75,3 +79,111 @@ class Pow(Function):
             log_a = xp.log(xp.where(self.a > 0, self.a, 1))  # 0 ** b has no b-gradient
             gb = unbroadcast(g * self.out * log_a, self.b.shape)
         return ga, gb
+
+
+class Cast(Function):
+    """a as ``dtype``; the gradient goes back in a's dtype (``ops.convert``
+    builds ``to``/``float()``/... on it)."""
+
+    def forward(self, a, dtype):
+        self.dtype = a.dtype
+        return a.astype(dtype)
+
+    def backward(self, g):
+        return g.astype(self.dtype, copy=False)
+
+
+def cast(t, dtype):
+    """Tensor t as ``dtype`` for promotion (t itself when it has it)."""
+    return t if t.data.dtype == dtype else Cast.apply(t, dtype=dtype)
+
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+def as_tensor_like(x, like):
+    """x as a Tensor; Python scalars take ``like``'s dtype (no upcasting)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, _SCALARS):
+        return Tensor(xp_of(like.data).asarray(x, dtype=like.dtype))
+    return Tensor(_as_array(x))
+
+
+def promote(*operands):
+    """The operands (tensors, arrays, Python scalars) as tensors of one
+    dtype, PyTorch's ``torch.result_type``: a float32 tensor with an int64
+    tensor or a Python float stays float32, an int tensor with a Python float
+    takes the default float dtype, float32 with a float64 tensor is float64,
+    and 0-dim tensors count only when of a higher category."""
+    dims, zeros, scalars, ts = [], [], [], []
+    for x in operands:
+        if isinstance(x, _SCALARS):
+            scalars.append(scalar_dtype(x, get_default_dtype()))
+        else:
+            x = x if isinstance(x, Tensor) else Tensor(_as_array(x))
+            (dims if x.data.ndim else zeros).append(x.data.dtype)
+        ts.append(x)
+    dtype = result_type(dims, zeros, scalars)
+    xp = xp_of(*[t.data for t in ts if isinstance(t, Tensor)])
+    return [cast(t, dtype) if isinstance(t, Tensor) else Tensor(xp.asarray(t, dtype=dtype))
+            for t in ts]
+
+
+def _binary(cls, a, b):
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.data.dtype == b.data.dtype):
+        a, b = promote(a, b)
+    xp_of(a.data, b.data)  # NumPy with CuPy raises TypeError naming both
+    try:
+        return cls.apply(a, b)
+    except ValueError as exc:
+        if "broadcast" not in str(exc):
+            raise
+        raise ValueError(f"{cls.__name__.lower()}: shapes {a.shape} and {b.shape} "
+                         "cannot be broadcast together") from None
+
+
+def _scaled(other, alpha):
+    if alpha == 1:
+        return other
+    return other * alpha if isinstance(other, _SCALARS) else mul(other, alpha)
+
+
+def add(input, other, *, alpha=1):  # noqa: A002 - PyTorch's argument name
+    return _binary(Add, input, _scaled(other, alpha))
+
+
+def sub(input, other, *, alpha=1):  # noqa: A002
+    return _binary(Sub, input, _scaled(other, alpha))
+
+
+def mul(input, other):  # noqa: A002
+    return _binary(Mul, input, other)
+
+
+def div(input, other):  # noqa: A002
+    """True division: integer operands give the default float dtype."""
+    a, b = promote(input, other)
+    if a.data.dtype.kind not in "fc":
+        a, b = cast(a, get_default_dtype()), cast(b, get_default_dtype())
+    return _binary(Div, a, b)
+
+
+def pow(input, exponent):  # noqa: A001,A002 - the operator's name
+    return _binary(Pow, input, exponent)
+
+
+def neg(input):  # noqa: A002
+    return Neg.apply(input)
+
+
+def rsub(a, b):
+    return sub(b, a)
+
+
+def rdiv(a, b):
+    return div(b, a)
+
+
+def rpow(a, b):
+    return pow(b, a)

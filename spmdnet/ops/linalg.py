@@ -1,10 +1,20 @@
-"""Matrix products: matmul (2-D and batched), the linear layer, and the
-linear layer fused with its activation."""
+"""Matrix products: matmul (2-D and batched), bmm, einsum, the linear layer,
+and the linear layer fused with its activation. Operands of different dtypes
+raise naming both, as PyTorch's (no silent upcast of a float32 model to a
+float64 batch)."""
 from .. import kernels
+from .._tensor import Tensor, _as_array
 from ..autograd import Function
 from ..backend import xp_of
 from ._util import unbroadcast
 from .unary import act_backward, act_forward
+
+
+def check_dtypes(name, a, b, what=("m1", "m2")):
+    """RuntimeError naming both dtypes when arrays a and b differ in dtype."""
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"{name}: expected {what[0]} and {what[1]} to have the same dtype, "
+                           f"but got: {a.dtype} != {b.dtype}")
 
 
 def _swap(a):
@@ -19,24 +29,59 @@ def _matmul(a, b, out, shape):
 
 
 class MatMul(Function):
-    """a @ b for a, b with ndim >= 2 (batch dims broadcast); the functional
-    wrapper lifts 1-D operands to matrices."""
+    """a @ b with NumPy's (and PyTorch's) rules: batch dims broadcast, a 1-D
+    operand is a vector (lifted to a matrix and the added dim removed)."""
 
     def forward(self, a, b):
-        if a.shape[-1] != b.shape[-2]:
-            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned "
-                             f"({a.shape[-1]} != {b.shape[-2]})")
+        check_dtypes("matmul", a, b)
+        if a.ndim == 0 or b.ndim == 0:
+            raise RuntimeError(f"matmul: both arguments need at least 1 dimension, got "
+                               f"shapes {a.shape} and {b.shape}")
+        if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned")
         self.a, self.b = a, b
         return a @ b
 
     def backward(self, g):
         need_a, need_b = self.needs_input_grad
+        a = self.a[None] if self.a.ndim == 1 else self.a
+        b = self.b[:, None] if self.b.ndim == 1 else self.b
+        g = g[..., None] if self.b.ndim == 1 else g
+        g = g[..., None, :] if self.a.ndim == 1 else g
         ga = gb = None
         if need_a:
-            ga = unbroadcast(_matmul(g, _swap(self.b), self.dest(0), self.a.shape), self.a.shape)
+            ga = unbroadcast(_matmul(g, _swap(b), self.dest(0), a.shape), a.shape)
+            ga = ga.reshape(self.a.shape)
         if need_b:
-            gb = unbroadcast(_matmul(_swap(self.a), g, self.dest(1), self.b.shape), self.b.shape)
+            gb = unbroadcast(_matmul(_swap(a), g, self.dest(1), b.shape), b.shape)
+            gb = gb.reshape(self.b.shape)
         return ga, gb
+
+
+def _tensor(x):
+    return x if isinstance(x, Tensor) else Tensor(_as_array(x))
+
+
+def matmul(input, other):  # noqa: A002 - PyTorch's argument names
+    """input @ other (1-D operands are vectors, batch dims broadcast); the
+    dtypes must agree, as PyTorch's."""
+    a, b = _tensor(input), _tensor(other)
+    xp_of(a.data, b.data)  # NumPy with CuPy raises TypeError naming both
+    return MatMul.apply(a, b)
+
+
+def rmatmul(a, b):
+    return matmul(b, a)
+
+
+def bmm(input, mat2):  # noqa: A002
+    """Batched product of (b, n, m) and (b, m, p) tensors."""
+    if input.ndim != 3 or mat2.ndim != 3:
+        raise RuntimeError(f"bmm: batch1 and batch2 must be 3-D tensors, got shapes "
+                           f"{input.shape} and {mat2.shape}")
+    if input.shape[0] != mat2.shape[0]:
+        raise RuntimeError(f"bmm: batch sizes differ: {input.shape} and {mat2.shape}")
+    return matmul(input, mat2)
 
 
 def buffer_for(dest, shape, dtype):
@@ -48,7 +93,11 @@ def buffer_for(dest, shape, dtype):
     return dest
 
 
-def _check_linear(x, weight):
+def _check_linear(x, weight, bias=()):
+    if x.dtype != weight.dtype:
+        check_dtypes("linear", x, weight, ("input", "weight"))
+    if bias and bias[0].dtype != weight.dtype:
+        check_dtypes("linear", bias[0], weight, ("bias", "weight"))
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input shape {x.shape} does not match weight shape "
                          f"{weight.shape} (in_features {weight.shape[1]})")
@@ -74,7 +123,7 @@ class Linear(Function):
     products and no broadcasting bookkeeping. x may have leading batch dims."""
 
     def forward(self, x, weight, *bias):
-        _check_linear(x, weight)
+        _check_linear(x, weight, bias)
         self.x, self.weight = x, weight
         out = x @ weight.T
         if bias:
@@ -94,7 +143,7 @@ class LinearAct(Function):
     buffer when there is one. Otherwise: the xp ops' math, the same values."""
 
     def forward(self, x, weight, *bias, activation="relu"):
-        _check_linear(x, weight)
+        _check_linear(x, weight, bias)
         self.x, self.weight, self.activation = x, weight, activation
         h = x @ weight.T
         b = bias[0] if bias else None

@@ -1,4 +1,6 @@
-"""Elementwise functions: exp, log, sqrt, tanh, sigmoid, relu, gelu.
+"""Elementwise functions: exp, log, log1p, sqrt, rsqrt, sin, cos, abs, clamp,
+tanh, sigmoid, relu, gelu. Integer inputs to the floating functions give the
+default float dtype, as PyTorch's.
 
 relu, gelu, tanh and sigmoid are activations: their plain-xp math is written
 once, in ``act_forward`` and ``act_backward`` (the reference of the kernels
@@ -11,6 +13,7 @@ calls no Numba code (``kernels.erf`` is plain xp).
 import math
 
 from .. import kernels
+from .._tensor import Tensor, get_default_dtype
 from ..autograd import Function
 from ..backend import xp_of
 from ..kernels import erf
@@ -34,6 +37,15 @@ class Log(Function):
         return g / self.a
 
 
+class Log1p(Function):
+    def forward(self, a):
+        self.a = a
+        return xp_of(a).log1p(a)
+
+    def backward(self, g):
+        return g / (1 + self.a)
+
+
 class Sqrt(Function):
     def forward(self, a):
         self.out = xp_of(a).sqrt(a)
@@ -41,6 +53,60 @@ class Sqrt(Function):
 
     def backward(self, g):
         return g / (2 * self.out)
+
+
+class Rsqrt(Function):
+    def forward(self, a):
+        self.out = 1 / xp_of(a).sqrt(a)
+        return self.out
+
+    def backward(self, g):
+        return g * -0.5 * self.out ** 3
+
+
+class Sin(Function):
+    def forward(self, a):
+        self.a = a
+        return xp_of(a).sin(a)
+
+    def backward(self, g):
+        return g * xp_of(g).cos(self.a)
+
+
+class Cos(Function):
+    def forward(self, a):
+        self.a = a
+        return xp_of(a).cos(a)
+
+    def backward(self, g):
+        return g * -xp_of(g).sin(self.a)
+
+
+class Abs(Function):
+    def forward(self, a):
+        self.a = a
+        return xp_of(a).abs(a)
+
+    def backward(self, g):
+        return g * xp_of(g).sign(self.a)
+
+
+class Clamp(Function):
+    """a clipped to [lo, hi] (Python scalars, either None); the gradient
+    passes where lo <= a <= hi, as PyTorch's. lo > hi gives hi everywhere."""
+
+    def forward(self, a, lo=None, hi=None):
+        self.a, self.lo, self.hi = a, lo, hi
+        out = a if lo is None else xp_of(a).maximum(a, lo)
+        return out if hi is None else xp_of(a).minimum(out, hi)
+
+    def backward(self, g):
+        keep = True
+        if self.lo is not None:
+            keep = self.a >= self.lo
+        if self.hi is not None:
+            keep = keep & (self.a <= self.hi)
+        return g * keep
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -123,3 +189,29 @@ class GELU(_Activation):
     def forward(self, a, approximate="none"):
         self.name = "gelu_tanh" if approximate == "tanh" else "gelu"
         return super().forward(a)
+
+
+def _floating(t):
+    """t, cast to the default float dtype when it holds integers or bools."""
+    if t.data.dtype.kind in "fc":
+        return t
+    return Tensor(t.data.astype(get_default_dtype()))
+
+
+def _unary(cls):
+    def op(input):  # noqa: A002 - PyTorch's argument name
+        return cls.apply(_floating(input))
+    op.__name__ = cls.__name__.lower()
+    return op
+
+
+exp, log, log1p, sqrt, rsqrt, sin, cos, tanh, sigmoid = (
+    _unary(c) for c in (Exp, Log, Log1p, Sqrt, Rsqrt, Sin, Cos, Tanh, Sigmoid))
+
+
+def relu(input):  # noqa: A002
+    return ReLU.apply(input)
+
+
+def abs(input):  # noqa: A001,A002 - PyTorch's name
+    return Abs.apply(input)

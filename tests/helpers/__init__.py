@@ -1,6 +1,7 @@
 """Helpers shared by the tests, one module per concern:
 
 - ``launch``: real MPI jobs started from serial tests (examples, abort, stalls);
+- ``op_tables``: the forward-and-backward check of one row of an op table;
 - ``oracles``: numeric settings and the serial training step that the
   distributed tests compare against.
 """

@@ -1,0 +1,142 @@
+"""In-place methods (PyTorch's trailing-underscore methods, augmented
+assignment and ``t[i] = v``): they change ``.data`` where it lives and return
+the tensor, so a gradient whose ``.data`` is a view into a flat buffer
+(DataParallel's buckets) stays one: ``p.grad *= c`` scales the bucket.
+
+They record no graph. As PyTorch, a leaf that requires grad may change in
+place only inside ``no_grad()`` (the manual-SGD idiom ``p -= lr * p.grad``).
+An in-place op that PyTorch would record (on a non-leaf that requires grad,
+or with an operand that does) is not done in place here (docs/PYTORCH.md
+lists the difference): ``+=``, ``-=``, ``*=`` and ``/=`` fall back to the
+out-of-place op, which rebinds the name; the methods raise RuntimeError.
+"""
+from .._tensor import Tensor
+from ..autograd import is_grad_enabled
+from ..backend import device_of, to_device
+from .index import _unwrap
+
+
+def _value(other):
+    return other.data if isinstance(other, Tensor) else other
+
+
+def _in_graph(t, name, other=None):
+    """True when the op would have to be recorded (``t`` is a non-leaf of a
+    graph, or ``other`` requires grad); raise for a leaf that requires grad
+    outside ``no_grad()`` (PyTorch's error)."""
+    if not is_grad_enabled():
+        return False
+    if t._requires_grad and t._ctx is None:
+        raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place "
+                           f"operation ({name}); do it inside spmdnet.no_grad()")
+    return t._requires_grad or (isinstance(other, Tensor) and other._requires_grad)
+
+
+def _no_graph(t, name, other=None):
+    if _in_graph(t, name, other):
+        raise RuntimeError(f"{name}: in-place operations on a tensor that is part of an "
+                           "autograd graph are not supported; use the out-of-place op")
+
+
+def _augmented(name, fallback, update):
+    """``__iadd__`` & co.: in place on ``.data``, out of place inside a graph."""
+    def method(self, other):
+        if _in_graph(self, name, other):
+            return fallback(self, other)
+        update(self.data, _value(other))
+        return self
+    method.__name__ = name
+    return method
+
+
+def _iadd(a, b):
+    a += b
+
+
+def _isub(a, b):
+    a -= b
+
+
+def _imul(a, b):
+    a *= b
+
+
+def _idiv(a, b):
+    a /= b
+
+
+iadd = _augmented("__iadd__", lambda a, b: a + b, _iadd)
+isub = _augmented("__isub__", lambda a, b: a - b, _isub)
+imul = _augmented("__imul__", lambda a, b: a * b, _imul)
+itruediv = _augmented("__itruediv__", lambda a, b: a / b, _idiv)
+
+
+def add_(self, other, *, alpha=1):
+    """``self += alpha * other`` in place."""
+    _no_graph(self, "add_", other)
+    other = _value(other)
+    self.data += other if alpha == 1 else other * alpha
+    return self
+
+
+def sub_(self, other, *, alpha=1):
+    """``self -= alpha * other`` in place."""
+    _no_graph(self, "sub_", other)
+    other = _value(other)
+    self.data -= other if alpha == 1 else other * alpha
+    return self
+
+
+def mul_(self, other):
+    _no_graph(self, "mul_", other)
+    self.data *= _value(other)
+    return self
+
+
+def div_(self, other):
+    _no_graph(self, "div_", other)
+    self.data /= _value(other)
+    return self
+
+
+def zero_(self):
+    _no_graph(self, "zero_")
+    self.data.fill(0)
+    return self
+
+
+def fill_(self, value):
+    _no_graph(self, "fill_", value)
+    self.data.fill(_value(value))
+    return self
+
+
+def copy_(self, src, non_blocking=False):
+    """Copy ``src`` (a Tensor or an array, any device, cast to this dtype)
+    into this tensor's data; ``non_blocking`` is accepted for PyTorch's
+    signature."""
+    _no_graph(self, "copy_", src)
+    self.data[...] = to_device(_value(src), device_of(self.data))
+    return self
+
+
+def setitem(self, index, value):
+    """``t[index] = value`` in place (index parts may be Tensors)."""
+    _no_graph(self, "__setitem__", value)
+    on_gpu = device_of(self.data) == "gpu"
+    if isinstance(index, tuple):
+        index = tuple(_unwrap(i, on_gpu) for i in index)
+    else:
+        index = _unwrap(index, on_gpu)
+    value = _value(value)
+    if hasattr(value, "shape"):
+        value = to_device(value, device_of(self.data))
+    self.data[index] = value
+    return None
+
+
+METHODS = {
+    "__iadd__": iadd, "__isub__": isub, "__imul__": imul, "__itruediv__": itruediv,
+    "add_": add_, "sub_": sub_, "mul_": mul_, "div_": div_, "zero_": zero_, "fill_": fill_,
+    "copy_": copy_, "__setitem__": setitem,
+}
