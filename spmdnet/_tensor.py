@@ -35,9 +35,12 @@ def get_default_dtype():
 
 
 def _as_array(x, dtype=None):
-    """An ndarray for x; arrays keep their dtype, lists/scalars take the default."""
+    """An ndarray for x; arrays (and NumPy scalars, as in PyTorch) keep their
+    dtype, Python lists/scalars take the default."""
     if isinstance(x, Tensor):
         x = x.data
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
     if isinstance(x, np.ndarray) or is_cupy_array(x):
         return x if dtype is None else x.astype(dtype, copy=False)
     arr = np.asarray(x)

@@ -237,3 +237,10 @@ def test_creation_and_moves_on_the_gpu():
         np.asarray(y.detach())
     g = sn.arange(6, device="gpu", dtype=sn.float32).view(2, 3)
     assert g[sn.tensor([True, False])].tolist() == [[0.0, 1.0, 2.0]]  # host mask, GPU tensor
+
+
+def test_numpy_scalars_keep_their_dtype_as_in_pytorch():
+    assert sn.tensor(np.float64(2.0)).dtype == np.float64  # torch.tensor(np.float64(2.)) too
+    assert sn.tensor(np.int32(3)).dtype == np.int32
+    assert sn.tensor(2.0).dtype == sn.get_default_dtype()  # a Python float: the default
+    assert (sn.ones(3) * np.float64(2.0)).dtype == np.float32  # 0-dim does not promote
