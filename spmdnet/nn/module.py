@@ -5,8 +5,9 @@ from collections import OrderedDict
 import numpy as np
 
 from ..backend import asnumpy, to_device, xp_of
+from ..ops.convert import resolve_device, resolve_dtype
 from .._tensor import Tensor
-from .parameter import Parameter
+from .parameter import Parameter, grad_array
 
 
 class Module:
@@ -17,6 +18,7 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_non_persistent_buffers_set", set())
 
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
@@ -46,6 +48,8 @@ class Module:
         for table in (params, buffers, modules):
             if table is not target:
                 table.pop(name, None)
+        if target is not buffers:
+            self._non_persistent_buffers_set.discard(name)
         if target is None:
             object.__setattr__(self, name, value)
             return
@@ -59,9 +63,51 @@ class Module:
                 return entries[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def register_buffer(self, name, value):
-        """Non-trainable state saved in state_dict (an array or Tensor)."""
-        self._buffers[name] = value if isinstance(value, Tensor) else Tensor(value)
+    def __delattr__(self, name):
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                self._non_persistent_buffers_set.discard(name)
+                return
+        object.__delattr__(self, name)
+
+    # -- registration ------------------------------------------------------------------
+    def _check_new_name(self, name, table, kind):
+        if not isinstance(name, str):
+            raise TypeError(f"{kind} name should be a string, got {type(name).__name__}")
+        if "." in name or name == "":
+            raise KeyError(f"{kind} name can't contain \".\" or be empty, got {name!r}")
+        if hasattr(self, name) and name not in getattr(self, table):
+            raise KeyError(f"attribute '{name}' already exists")
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """Non-trainable state (a Tensor, an array, or None): listed by
+        ``buffers()``, moved by ``to()``, saved in ``state_dict`` unless
+        ``persistent=False``."""
+        self._check_new_name(name, "_buffers", "buffer")
+        self._buffers[name] = tensor if tensor is None or isinstance(tensor, Tensor) \
+            else Tensor(tensor)
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
+
+    def register_parameter(self, name, param):
+        """Register a Parameter (or None) under ``name``."""
+        self._check_new_name(name, "_parameters", "parameter")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot assign {type(param).__name__} object to parameter "
+                            f"{name!r} (nn.Parameter or None required)")
+        self._parameters[name] = param
+
+    def add_module(self, name, module):
+        """Register a submodule (or None) under ``name``."""
+        self._check_new_name(name, "_modules", "module")
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        self._modules[name] = module
+
+    register_module = add_module
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
@@ -70,69 +116,131 @@ class Module:
         return self.forward(*args, **kwargs)
 
     # -- traversal ---------------------------------------------------------------
-    def named_modules(self, prefix=""):
-        """(dotted name, module) for self and every submodule, in order."""
-        stack, seen = [(prefix, self)], set()
-        while stack:
-            name, mod = stack.pop()
-            if id(mod) in seen:
-                continue
-            seen.add(id(mod))
-            yield name, mod
-            children = [(f"{name}.{k}" if name else k, m) for k, m in mod._modules.items()]
-            stack.extend(reversed(children))
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(dotted name, module) for self and every submodule, depth first."""
+        memo = set() if memo is None else memo
+        if remove_duplicate:
+            if self in memo:
+                return
+            memo.add(self)
+        yield prefix, self
+        for name, mod in self._modules.items():
+            if mod is not None:
+                yield from mod.named_modules(memo, f"{prefix}.{name}" if prefix else name,
+                                             remove_duplicate)
 
     def modules(self):
         return (m for _, m in self.named_modules())
 
-    def children(self):
-        return iter(self._modules.values())
-
-    def _named(self, table, prefix=""):
+    def named_children(self):
+        """(name, module) of the direct submodules, each module once."""
         seen = set()
-        for mod_name, mod in self.named_modules(prefix):
+        for name, mod in self._modules.items():
+            if mod is not None and mod not in seen:
+                seen.add(mod)
+                yield name, mod
+
+    def children(self):
+        return (m for _, m in self.named_children())
+
+    def _named(self, table, prefix="", recurse=True, remove_duplicate=True):
+        seen = set()
+        mods = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        for mod_name, mod in mods:
             for name, value in getattr(mod, table).items():
-                if value is None or id(value) in seen:
+                if value is None or (remove_duplicate and id(value) in seen):
                     continue
                 seen.add(id(value))  # a shared parameter is listed once
                 yield (f"{mod_name}.{name}" if mod_name else name), value
 
-    def named_parameters(self, prefix=""):
-        return self._named("_parameters", prefix)
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named("_parameters", prefix, recurse, remove_duplicate)
 
-    def parameters(self):
-        return (p for _, p in self.named_parameters())
+    def parameters(self, recurse=True):
+        return (p for _, p in self.named_parameters(recurse=recurse))
 
-    def named_buffers(self, prefix=""):
-        return self._named("_buffers", prefix)
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        return self._named("_buffers", prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse=True):
+        return (b for _, b in self.named_buffers(recurse=recurse))
 
     def apply(self, fn):
-        for mod in self.modules():
-            fn(mod)
+        """``fn(m)`` for every submodule, children before parents (as PyTorch), then self."""
+        for mod in self.children():
+            mod.apply(fn)
+        fn(self)
         return self
 
     # -- modes and gradients -------------------------------------------------------
     def train(self, mode=True):
-        for mod in self.modules():
-            object.__setattr__(mod, "training", bool(mode))
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        object.__setattr__(self, "training", mode)
+        for mod in self.children():
+            mod.train(mode)
         return self
 
     def eval(self):
         return self.train(False)
 
+    def requires_grad_(self, requires_grad=True):
+        """Set ``requires_grad`` on every parameter; returns self."""
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
+
     def zero_grad(self, set_to_none=True):
+        """Drop every parameter's gradient (PyTorch's default since 2.0), or
+        zero it in place with ``set_to_none=False``. Under DataParallel both
+        keep the bucket: a None gradient is written into its ``grad_buffer``
+        (the bucket view) by the next backward."""
         for p in self.parameters():
             if set_to_none:
                 p.grad = None
-            elif p.grad is not None:
-                p.grad[...] = 0
+            elif grad_array(p) is not None:
+                grad_array(p)[...] = 0
 
-    def to(self, device):
-        """Move every parameter and buffer to "cpu" or "gpu" (before training)."""
-        for _, t in list(self.named_parameters()) + list(self.named_buffers()):
-            t.data = to_device(t.data, device)
-            t.grad = None if t.grad is None else to_device(t.grad, device)
+    def to(self, *args, **kwargs):
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` or
+        keywords ``device=``/``dtype=``: move every parameter and buffer to
+        "cpu" or "gpu" ("cuda", "cuda:N": this rank's GPU) and cast the
+        floating ones to ``dtype``, in place; returns self. Do it before
+        wrapping in DataParallel."""
+        device, dtype = _to_args(args, kwargs)
+        for t in self._tensors():
+            if dtype is not None and t.data.dtype.kind == "f" and t.data.dtype != dtype:
+                if t.grad_buffer is not None:
+                    raise RuntimeError("Module.to(dtype): a parameter's gradient lives in a "
+                                       "DataParallel bucket; cast the model before wrapping")
+                t.data = t.data.astype(dtype)
+                g = grad_array(t)
+                t.grad = None if g is None else g.astype(dtype)
+            if device is not None:
+                t.data = to_device(t.data, device)
+                g = grad_array(t)
+                t.grad = None if g is None else to_device(g, device)
         return self
+
+    def float(self):
+        return self.to(dtype=np.float32)
+
+    def double(self):
+        return self.to(dtype=np.float64)
+
+    def half(self):
+        return self.to(dtype=np.float16)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=None):
+        """Move to this rank's GPU (``device`` is accepted for PyTorch's signature)."""
+        return self.to("gpu")
+
+    def _tensors(self):
+        """Every parameter and buffer once (for ``to``)."""
+        return list(self.parameters()) + list(self.buffers())
 
     # -- state -------------------------------------------------------------------
     def _state_items(self):
@@ -143,9 +251,11 @@ class Module:
         out, stack = [], [("", self)]
         while stack:
             prefix, mod = stack.pop()
-            for table in (mod._parameters, mod._buffers):
-                out.extend((prefix + k, t) for k, t in table.items() if t is not None)
-            stack.extend(reversed([(f"{prefix}{k}.", m) for k, m in mod._modules.items()]))
+            out.extend((prefix + k, t) for k, t in mod._parameters.items() if t is not None)
+            out.extend((prefix + k, t) for k, t in mod._buffers.items()
+                       if t is not None and k not in mod._non_persistent_buffers_set)
+            stack.extend(reversed([(f"{prefix}{k}.", m) for k, m in mod._modules.items()
+                                   if m is not None]))
         return out
 
     def state_dict(self):
@@ -183,3 +293,24 @@ class Module:
         lines = [f"({k}): " + repr(m).replace("\n", "\n  ") for k, m in self._modules.items()]
         body = "\n  " + "\n  ".join(lines) + "\n" if lines else ""
         return f"{type(self).__name__}({self.extra_repr()}{body})"
+
+
+def _to_args(args, kwargs):
+    """(device, dtype) from ``Module.to``'s arguments, PyTorch's forms."""
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    kwargs.pop("non_blocking", None)
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    for arg in args:
+        if isinstance(arg, Tensor):
+            device, dtype = arg.device, arg.dtype
+        elif isinstance(arg, str):
+            device = arg
+        elif arg is not None:
+            dtype = arg
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    if dtype is not None:
+        if dtype.kind not in "fc":
+            raise TypeError(f"nn.Module.to only accepts floating point dtypes, "
+                            f"but got desired dtype={dtype}")
+    return device, dtype

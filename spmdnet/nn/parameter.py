@@ -16,3 +16,9 @@ class Parameter(Tensor):
 
     def __repr__(self):
         return f"Parameter({self.data!r})"
+
+
+def grad_array(t):
+    """The array holding ``t``'s gradient (``.grad`` is a Tensor; this is its
+    ``.data``), or None. Clipping and ``Module.to`` read gradients through it."""
+    return None if t.grad is None else t.grad.data
