@@ -54,7 +54,7 @@ def step(model, opt, x, target):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    return y.numpy(), x.grad
+    return y.numpy(), x.grad.numpy()
 
 
 def main(argv=None):

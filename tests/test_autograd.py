@@ -1,5 +1,5 @@
 """The backward engine: deep graphs, accumulation, graph freeing, memory,
-no_grad, hooks and callbacks, and the aliasing rules for .grad arrays.
+no_grad, hooks and callbacks, and the aliasing rules for .grad (a Tensor).
 
 Oracles are hand-computed derivatives and plain NumPy expressions."""
 import gc
@@ -297,7 +297,7 @@ def test_one_fresh_array_returned_for_two_inputs_is_copied():
 def test_grad_from_broadcast_view_is_writable_and_accumulates():
     a = leaf(np.zeros((2, 3)))
     a.sum().backward()  # Sum's backward is a read-only broadcast view
-    assert a.grad.flags.writeable and a.grad.shape == (2, 3)
+    assert a.grad.data.flags.writeable and a.grad.shape == (2, 3)
     a.grad += 1.0
     a.sum().backward()
     np.testing.assert_array_equal(a.grad, np.full((2, 3), 3.0))
@@ -330,7 +330,7 @@ def test_register_hook_replaces_leaf_grad_and_can_be_removed():
     seen = []
 
     def hook(g):
-        seen.append(g.copy())
+        seen.append(g.numpy())
         return g * 10.0
 
     handle = x.register_hook(hook)
@@ -348,7 +348,7 @@ def test_register_hook_on_non_leaf_sees_total_grad_and_replaces_it():
     x = leaf([1.0])
     h = x * 2.0
     seen = []
-    h.register_hook(lambda g: seen.append(g.copy()))  # None: keep the gradient
+    h.register_hook(lambda g: seen.append(g.numpy()))  # None: keep the gradient
     h.register_hook(lambda g: g * 0.5)
     (h * 3.0 + h * 4.0).sum().backward()  # h fans out: the hook runs once with 7
     assert len(seen) == 1 and seen[0][0] == 7.0
@@ -370,7 +370,7 @@ def test_post_accumulate_hook_fires_once_with_final_grad(f64):
     w = nn.Parameter(np.array([[0.5, -1.0], [2.0, 0.25]]))
     x = sn.tensor(np.array([1.0, 3.0]))
     events = []
-    w.register_post_accumulate_grad_hook(lambda p: events.append(p.grad.copy()))
+    w.register_post_accumulate_grad_hook(lambda p: events.append(p.grad.numpy()))
     out = (w @ (w @ x)).sum()  # w used twice: one hook call once both uses arrived
     out.backward()
     assert len(events) == 1
@@ -391,7 +391,7 @@ def test_post_accumulate_hooks_fire_in_order_of_readiness():
     for name, p in model.named_parameters():
         def hook(t, name=name):
             order.append(name)
-            at_hook[name] = t.grad.copy()
+            at_hook[name] = t.grad.numpy()
             unset[name] = {n for n, q in model.named_parameters() if q.grad is None}
         handles.append(p.register_post_accumulate_grad_hook(hook))
     x = sn.tensor(np.random.default_rng(1).standard_normal((6, 3)).astype(np.float32))
@@ -421,7 +421,7 @@ def test_queue_callback_runs_after_backward_finished():
     state = {}
 
     def callback():
-        state["grads"] = [None if p.grad is None else p.grad.copy() for p in params]
+        state["grads"] = [None if p.grad is None else p.grad.numpy() for p in params]
 
     def first_ready_hook(p):
         sn.queue_callback(callback)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import spmdnet.kernels
+from spmdnet.nn import Parameter
 from spmdnet.optim import SGD, Adam, AdamW, clip_grad_norm_
 from spmdnet.optim.lr_scheduler import LambdaLR, StepLR, WarmupCosine
 
@@ -17,11 +18,12 @@ def kernels(request):
         yield request.param
 
 
-class P:
-    """Minimal parameter: all that optimizers may rely on."""
-
-    def __init__(self, data, grad=None):
-        self.data, self.grad, self.requires_grad = data, grad, True
+def P(data, grad=None):
+    """A parameter over ``data`` (not copied) whose ``.grad`` is a Tensor over
+    ``grad`` (an array, not copied), as backward leaves it."""
+    p = Parameter(data)
+    p.grad = grad
+    return p
 
 
 RNG = np.random.default_rng(0)
@@ -189,20 +191,20 @@ def test_argument_validation(make, match):
 
 @pytest.mark.parametrize("norm_type", [2.0, math.inf, 1.0])
 def test_clip_grad_norm(norm_type):
-    params = [P(x.copy(), g.astype(np.float32)) for x, g in zip(INIT, GRADS[0])]
-    before = [p.grad.copy() for p in params]
+    params = [P(x.astype(np.float32), g.astype(np.float32)) for x, g in zip(INIT, GRADS[0])]
+    before = [p.grad.data.copy() for p in params]
     expected = np.linalg.norm(np.concatenate([g.ravel() for g in before]), norm_type)
     total = clip_grad_norm_(params + [P(np.zeros(2))], 0.5, norm_type)
     assert isinstance(total, float) and total == pytest.approx(expected, rel=1e-5)
     for p, g in zip(params, before):
         assert p.grad.dtype == np.float32
         np.testing.assert_allclose(p.grad, g * 0.5 / (expected + 1e-6), rtol=1e-5)
-    after = np.concatenate([p.grad.ravel() for p in params])
+    after = np.concatenate([p.grad.data.ravel() for p in params])
     assert np.linalg.norm(after, ord=norm_type) == pytest.approx(0.5, rel=1e-4)
     g = np.array([3.0, 4.0])  # under the max, and a single parameter
     p = P(np.zeros(2), g)
     assert clip_grad_norm_(p, 10.0) == pytest.approx(5.0)
-    assert p.grad is g and np.array_equal(g, [3.0, 4.0])
+    assert p.grad.data is g and np.array_equal(g, [3.0, 4.0])
     assert clip_grad_norm_([P(np.zeros(2))], 1.0) == 0.0
 
 

@@ -2,10 +2,15 @@
 without recursion, with dependency counting, hooks and ``queue_callback``.
 
 Hooks for data parallelism (PyTorch's names):
-- ``Tensor.register_hook(fn)``: ``fn(grad)`` may return a replacement
-  gradient; runs once the tensor's whole gradient of this backward is known.
+- ``Tensor.register_hook(fn)``: ``fn(grad)`` (a Tensor) may return a
+  replacement gradient; runs once the tensor's whole gradient of this
+  backward is known.
 - ``Tensor.register_post_accumulate_grad_hook(fn)``: ``fn(tensor)`` runs on a
   leaf right after its ``.grad`` became final for this backward.
+
+Inside the engine gradients are plain arrays; ``.grad`` is a Tensor, made
+once per leaf and then accumulated into in place (``grad.data += g``), so a
+``.grad`` whose data is a bucket view stays one.
 - ``queue_callback(fn)``: called during a backward, runs ``fn()`` once that
   backward has finished (before ``backward()`` returns).
 """
@@ -13,7 +18,7 @@ import threading
 
 import numpy as np
 
-from .._tensor import _as_array
+from .._tensor import Tensor, _as_array
 from ..backend import xp_of
 
 _callbacks = threading.local()
@@ -103,7 +108,7 @@ def backward(root, grad=None, retain_graph=False):
 
 def _run_hooks(t, g):
     for hook in t._hooks or ():
-        new = hook(g)
+        new = hook(Tensor(g))
         g = g if new is None else _as_array(new)
     return g
 
@@ -143,12 +148,12 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
 
 
 def _destination(parent, grads, pending):
-    """The leaf's grad_buffer when this edge delivers its only gradient."""
-    buf = parent.grad_buffer
-    if buf is None or parent._ctx is not None or parent.grad is not None or parent._hooks:
+    """The leaf's grad_buffer array when this edge delivers its only gradient."""
+    home = parent.grad_buffer
+    if home is None or parent._ctx is not None or parent._grad is not None or parent._hooks:
         return None
     key = id(parent)
-    return buf if pending.get(key) == 1 and key not in grads else None
+    return home.data if pending.get(key) == 1 and key not in grads else None
 
 
 def _check_grad(ctx, parent, pg):
@@ -163,16 +168,18 @@ def _check_grad(ctx, parent, pg):
 
 
 def _accumulate(t, g, must_copy):
-    """Add g into t.grad in place (keeping views into flat buffers valid)."""
-    if t.grad is None:
-        buf = t.grad_buffer
-        if buf is not None:
-            if g is not buf:
-                buf[...] = g
-            t.grad = buf
+    """Add the array g into t.grad in place (keeping views into flat buffers
+    valid); a leaf with a ``grad_buffer`` gets that same Tensor as its .grad."""
+    grad = t._grad
+    if grad is None:
+        home = t.grad_buffer
+        if home is not None:
+            if g is not home.data:
+                home.data[...] = g
+            t._grad = home
         else:
-            t.grad = g.copy() if must_copy else g
+            t._grad = Tensor(g.copy() if must_copy else g)
     else:
-        t.grad += g
+        grad.data += g
     for hook in t._post_hooks or ():
         hook(t)

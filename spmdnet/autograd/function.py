@@ -12,7 +12,8 @@ class Function:
 
     ``backward`` returns fresh arrays, or the incoming gradient itself (or a
     view of it); never an array saved from forward, because the engine may
-    hand a returned array to a leaf's ``.grad`` without copying it.
+    hand a returned array to a leaf's ``.grad`` (as its ``.data``) without
+    copying it.
     """
 
     needs_input_grad = ()

@@ -1,8 +1,8 @@
 """The Optimizer base class: parameter groups, per-parameter state, and
 checkpointing in PyTorch's ``state_dict`` layout.
 
-Optimizers work on raw arrays (``p.data``, ``p.grad``), never on Tensors, so
-no autograd graph is recorded and no ``no_grad`` is needed. They update
+Optimizers work on raw arrays (``p.data``, ``p.grad.data``), never on
+Tensors, so no autograd graph is recorded and no ``no_grad`` is needed. They update
 ``p.data`` strictly in place: other objects (flat gradient buckets, views
 made by data-parallel wrappers) alias those buffers and must stay valid.
 """
@@ -98,7 +98,7 @@ class Optimizer:
                 if set_to_none:
                     p.grad = None
                 else:
-                    p.grad.fill(0)
+                    p.grad.zero_()
 
     def step(self, closure=None):
         """Apply one update to every parameter that has a gradient."""

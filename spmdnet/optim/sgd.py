@@ -43,7 +43,7 @@ class SGD(Optimizer):
             hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
                      float(group["weight_decay"]), group["nesterov"])
             for p in (p for p in group["params"] if p.grad is not None):
-                self._update(p.data, p.grad, self.state.setdefault(p, {}), *hyper)
+                self._update(p.data, p.grad.data, self.state.setdefault(p, {}), *hyper)
         return loss
 
     @staticmethod

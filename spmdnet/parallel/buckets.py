@@ -3,16 +3,19 @@
 Parameters are packed in reverse registration order (the order backward
 makes their gradients final), one dtype per bucket; the first bucket is
 small (``first_bytes``) so communication starts early, the others hold up to
-``cap_bytes``. Every parameter's ``grad_buffer`` is a view into its bucket,
-so backward writes gradients straight into the buffer that MPI reduces: a
+``cap_bytes``. Every parameter's ``grad_buffer`` is a Tensor whose ``.data``
+is a view into its bucket, made once; backward writes gradients straight
+into the buffer that MPI reduces and makes that same Tensor the ``.grad``: a
 step neither allocates nor copies for communication (DDP's
 ``gradient_as_bucket_view``).
 """
+from .._tensor import Tensor
 from ..backend import xp_of
 
 
 class Bucket:
-    """A flat buffer and the parameters whose gradients are views into it."""
+    """A flat buffer and the parameters whose gradients are views into it
+    (``views[i]`` the array, ``homes[i]`` the Tensor over it)."""
 
     def __init__(self, index, params):
         self.index = index
@@ -27,6 +30,7 @@ class Bucket:
             view = self.buffer[offset:offset + p.data.size].reshape(p.data.shape)
             self.views.append(view)
             offset += p.data.size
+        self.homes = [Tensor(view) for view in self.views]
         self.ready = 0        # parameters whose gradient is final this backward
         self.launched = False
 
@@ -71,9 +75,9 @@ def build_buckets(params, first_bytes, cap_bytes):
     buckets = [Bucket(i, group)
                for i, group in enumerate(assign_buckets(params, first_bytes, cap_bytes))]
     for bucket in buckets:
-        for p, view in zip(bucket.params, bucket.views):
+        for p, home in zip(bucket.params, bucket.homes):
             if p.grad is not None:
-                view[...] = p.grad
-                p.grad = view
-            p.grad_buffer = view
+                home.data[...] = p.grad.data
+                p.grad = home
+            p.grad_buffer = home
     return buckets

@@ -4,8 +4,10 @@ At construction the ranks check that they built the same model and take
 rank 0's parameters. During backward, each bucket of gradients starts its
 allreduce as soon as all its gradients are final; when ``loss.backward()``
 returns, every ``.grad`` holds the mean over the communicator, identical on
-all ranks. See ``buckets`` (memory layout), ``reducer`` (overlap) and
-``join`` (ranks with different numbers of batches: ``with ddp.join():``).
+all ranks. Each ``.grad`` is one Tensor per parameter, made once, whose
+``.data`` is a view into its bucket (``buckets.Bucket.homes``). See
+``buckets`` (memory layout), ``reducer`` (overlap) and ``join`` (ranks with
+different numbers of batches: ``with ddp.join():``).
 """
 import contextlib
 import time
@@ -108,6 +110,7 @@ class DataParallel(Module):
         first = min(FIRST_BUCKET_MB, bucket_mb) * MB
         self.buckets = build_buckets(params, first, bucket_mb * MB) if params else []
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self._view_of = {id(p): v for b in self.buckets for p, v in zip(b.params, b.views)}
         self._broadcast_state()
         on_gpu = any(is_cupy_array(b.buffer) for b in self.buckets)
         self.overlap = choose_overlap(overlap, on_gpu, world.thread_multiple)
@@ -131,8 +134,8 @@ class DataParallel(Module):
             dist.broadcast(bucket.buffer, root=root, comm=self.comm)
             bucket.unpack_data()
             bucket.buffer[...] = 0
-            for p, view in zip(bucket.params, bucket.views):
-                if p.grad is view:
+            for p, home in zip(bucket.params, bucket.homes):
+                if p.grad is home:
                     p.grad = None  # gradients from before wrapping are not kept
         for _, buf in self.module.named_buffers():
             dist.broadcast(buf.data, root=root, comm=self.comm)
@@ -192,12 +195,22 @@ class DataParallel(Module):
             return
         self._schedule_finish()
         bucket = self._bucket_of[id(p)]
-        if p.grad is not p.grad_buffer:  # the user replaced .grad: bring it home
-            p.grad_buffer[...] = p.grad
-            p.grad = p.grad_buffer
+        home, view = p.grad_buffer, self._view_of[id(p)]
+        if p.grad is not home or home.data is not view:
+            self._bring_home(p, home, view)
         bucket.ready += 1
         self._launch_ready()
         self.reducer.poke()
+
+    @staticmethod
+    def _bring_home(p, home, view):
+        """The user replaced ``.grad`` (or its ``.data``): copy it into the bucket."""
+        if home.data is not view:
+            view[...] = home.data
+            home.data = view
+        if p.grad is not home:
+            view[...] = p.grad.data
+            p.grad = home
 
     def _launch_ready(self):
         """Start full buckets, strictly in index order (the same on all ranks)."""
@@ -219,10 +232,12 @@ class DataParallel(Module):
         remaining buckets start in order, all complete in order, then / size."""
         t0 = time.perf_counter()
         for bucket in self.buckets[self._next:]:
-            for p, view in zip(bucket.params, bucket.views):
+            for p, view, home in zip(bucket.params, bucket.views, bucket.homes):
                 if p.grad is None:
                     view[...] = 0
-                    p.grad = view
+                    home.data, p.grad = view, home
+                elif p.grad is not home or home.data is not view:
+                    self._bring_home(p, home, view)
             self._start(bucket)
         for bucket in self.buckets:
             with dist.guarded(f"allreduce(gradient bucket {bucket.index})", self.comm,

@@ -21,7 +21,7 @@ def allreduce_gradients(params, comm=None):
         offset = 0
         for p in group:
             if p.grad is not None:
-                flat[offset:offset + p.data.size] = p.grad.reshape(-1)
+                flat[offset:offset + p.data.size] = p.grad.data.reshape(-1)
             offset += p.data.size
         dist.allreduce(flat, op="mean", comm=comm)
         offset = 0
@@ -30,5 +30,5 @@ def allreduce_gradients(params, comm=None):
             if p.grad is None:
                 p.grad = chunk.copy()
             else:
-                p.grad[...] = chunk
+                p.grad.copy_(chunk)
             offset += p.data.size

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import distributed as dist
 from .. import functional as F
-from ..nn import Module, Parameter, init
+from ..nn import Linear, Module, Parameter
 from ..random import fork_rng
 from .tp_collectives import copy_to_group, gather_from_group, reduce_from_group, scatter_to_group
 
@@ -50,11 +50,11 @@ def _shard(full, axis, comm, layer, what):
 
 
 def _full_linear_init(in_features, out_features, bias, dtype):
-    """(weight, bias or None) exactly as ``nn.Linear`` draws them: the same
-    generator calls in the same order, so every rank draws the same numbers."""
-    bound = init.linear_bound(in_features)
-    weight = init.uniform((out_features, in_features), bound, dtype)
-    return weight, init.uniform((out_features,), bound, dtype) if bias else None
+    """(weight, bias or None) as ``nn.Linear`` draws them (it draws them: the
+    same init code, generator calls and rounding), so every rank draws the
+    same numbers and a TP model equals the dense one seeded alike."""
+    dense = Linear(in_features, out_features, bias=bias, dtype=dtype)
+    return dense.weight.data, None if dense.bias is None else dense.bias.data
 
 
 class _ParallelLinear(Module):

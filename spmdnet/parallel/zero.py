@@ -17,6 +17,7 @@ Two ways to get the gradients:
 import numpy as np
 
 from .. import distributed as dist
+from .._tensor import Tensor
 from ..backend import xp_of
 from ..nn.parameter import Parameter
 from ..optim import Adam
@@ -58,6 +59,7 @@ class ZeroRedundancyOptimizer:
             offset += p.data.size
         self.lo, self.hi = self.rank * self.shard_size, (self.rank + 1) * self.shard_size
         self.grad_shard = xp.zeros(self.shard_size, dtype=first.dtype)
+        self._grad_shard_tensor = Tensor(self.grad_shard)  # the shard's .grad, made once
 
     # -- the step --------------------------------------------------------------------
     def zero_grad(self, set_to_none=True):
@@ -65,7 +67,7 @@ class ZeroRedundancyOptimizer:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
-                p.grad[...] = 0
+                p.grad.zero_()
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
@@ -73,7 +75,7 @@ class ZeroRedundancyOptimizer:
             self._reduce_scatter_grads()
         else:
             self._copy_grad_shard()
-        self.shard_param.grad = self.grad_shard
+        self.shard_param.grad = self._grad_shard_tensor
         self.optim.step()
         self._allgather_params()
         return loss
@@ -91,14 +93,14 @@ class ZeroRedundancyOptimizer:
         for p, i, start, stop in self._segments():
             if p.grad is not None:
                 at = self.offsets[i] + start - self.lo
-                self.grad_shard[at:at + stop - start] = p.grad.reshape(-1)[start:stop]
+                self.grad_shard[at:at + stop - start] = p.grad.data.reshape(-1)[start:stop]
 
     def _reduce_scatter_grads(self):
         xp = xp_of(self.flat)
         full = xp.zeros_like(self.flat)
         for p, off in zip(self.params, self.offsets):
             if p.grad is not None:
-                full[off:off + p.data.size] = p.grad.reshape(-1)
+                full[off:off + p.data.size] = p.grad.data.reshape(-1)
         shard = dist.reduce_scatter(full, op="mean", comm=self.comm)
         self.grad_shard[...] = shard
 

@@ -58,7 +58,7 @@ def test_pipeline_of_tensor_parallel_stages_with_data_parallel_equals_serial():
     for name, p in module.named_parameters():
         index, attr = name.split(".")
         q = serial_params[f"{int(index) + offset}.{attr}"]
-        np.testing.assert_allclose(p.grad, shard(q.grad, p, mesh), rtol=1e-10, atol=1e-13,
+        np.testing.assert_allclose(p.grad.data, shard(q.grad.data, p, mesh), rtol=1e-10, atol=1e-13,
                                    err_msg=name)
     ddp.close()
     mesh.free()

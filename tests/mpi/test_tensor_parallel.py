@@ -69,12 +69,12 @@ def test_mlp_equals_dense(mesh, gather):
         out = net(x)
         (out * sn.tensor(w_out)).sum().backward()
         outs.append(out.data)
-        grads.append(x.grad)
+        grads.append(x.grad.data)
     np.testing.assert_allclose(outs[1], outs[0], **TOL)
     np.testing.assert_allclose(grads[1], grads[0], **TOL)
     want = dict(dense.named_parameters())
     for key, p in model.named_parameters():
-        np.testing.assert_allclose(p.grad, shard(want[key].grad, key, mesh), **TOL,
+        np.testing.assert_allclose(p.grad.data, shard(want[key].grad.data, key, mesh), **TOL,
                                    err_msg=key)
 
 
@@ -83,7 +83,7 @@ def run(fn, x_val, g_val, comm):
     x = sn.tensor(x_val, requires_grad=True)
     y = fn(x, comm)
     y.backward(g_val)
-    return y.data, x.grad
+    return y.data, x.grad.data
 
 
 def test_copy_to_group(mesh):
