@@ -87,11 +87,8 @@ def main(argv=None):
             worst = max([worst] + [np.abs(full[k] - dense_state[k]).max() for k in full])
         worst = dist.allreduce(float(worst), op="max")  # every rank exits alike
     dist.print0(f"largest difference from the dense block: {worst:.2e}")
-    if worst > args.tolerance:
-        dist.print0(f"FAILED: difference {worst:.2e} > tolerance {args.tolerance}")
-        return 1
-    dist.print0("tensor-parallel block matches the dense block")
-    return 0
+    return cli.self_check(worst <= args.tolerance, f"difference {worst:.2e} > tolerance "
+                          f"{args.tolerance}", "tensor-parallel block matches the dense block")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import numpy as np
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import cli, data, dist, nn, optim, parallel
-from train_mlp import REFERENCE_BATCH, model_options  # examples/: the same options
+from train_mlp import REFERENCE_BATCH, accuracy_check, model_options  # examples/: the same options
 
 
 def parse_args(argv=None):
@@ -132,13 +132,7 @@ def main(argv=None):
         dist.print0(f"epoch {epoch:3d}  loss {loss:.4f}  val loss {val['loss']:.4f}  val "
                     f"accuracy {val['accuracy']:.4f} ({val['count']} samples)  "
                     f"{rate:.0f} samples/s")
-    final = data.evaluate(net, test_set, comm=mesh.dp)
-    dist.print0(f"test accuracy {final['accuracy']:.4f} on {final['count']} samples")
-    if final["accuracy"] < args.min_accuracy:
-        dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")
-        return 1
-    dist.print0("accuracy check passed")
-    return 0
+    return accuracy_check(data.evaluate(net, test_set, comm=mesh.dp), args.min_accuracy)
 
 
 if __name__ == "__main__":

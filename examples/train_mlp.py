@@ -232,13 +232,14 @@ def main(argv=None):
     prof.print_report()  # collective; nothing without --profile
     if args.plot and dist.is_root():
         plot(args.plot, args.metrics)
-    final = data.evaluate(model, test_set)
+    return accuracy_check(data.evaluate(model, test_set), args.min_accuracy)
+
+
+def accuracy_check(final, min_accuracy):
+    """The self-check at the end: the exit code is 1 below --min-accuracy."""
     dist.print0(f"test accuracy {final['accuracy']:.4f} on {final['count']} samples")
-    if final["accuracy"] < args.min_accuracy:
-        dist.print0(f"FAILED: test accuracy {final['accuracy']:.4f} < {args.min_accuracy}")
-        return 1
-    dist.print0("accuracy check passed")
-    return 0
+    return cli.self_check(final["accuracy"] >= min_accuracy, f"test accuracy "
+                          f"{final['accuracy']:.4f} < {min_accuracy}", "accuracy check passed")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
-"""argparse types for command-line options: a bad value stops the program
-at parsing, before any MPI work, with argparse's exit code 2 and a message
-naming the option (``argument --epochs: -1 is not a positive integer``).
+"""Helpers for command-line programs such as the examples.
+
+argparse types: a bad value stops the program at parsing, before any MPI
+work, with argparse's exit code 2 and a message naming the option
+(``argument --epochs: -1 is not a positive integer``)::
 
     p.add_argument("--epochs", type=cli.positive_int, default=20)
+
+``self_check``: the examples' last step, which CI relies on.
 """
 import argparse
 import math
+
+from . import distributed as dist
 
 
 def _checked(kind, test, what):
@@ -30,3 +36,11 @@ positive_float = _checked(float, lambda v: 0 < v < math.inf, "a positive finite 
 probability = _checked(float, lambda v: 0 <= v <= 1, "a probability in [0, 1]")
 
 __all__ = ["positive_int", "non_negative_int", "positive_float", "probability"]
+
+
+def self_check(passed, failure, success):
+    """Rank 0 prints ``success``, or ``FAILED: failure``; returns the exit
+    code (0 or 1). ``passed`` must be the same on every rank (every rank
+    exits alike)."""
+    dist.print0(success if passed else f"FAILED: {failure}")
+    return 0 if passed else 1

@@ -18,7 +18,6 @@ and, with the watchdog on, a few microseconds to note the call site.
 """
 import contextlib
 import functools
-import math
 import os
 import sys
 import threading
@@ -39,17 +38,7 @@ state = {"pending": None, "last": None}  # read by the watchdog thread
 def seconds(name, default):
     """A non-negative number of seconds from knob ``name`` (0: off); anything
     else raises ValueError naming the variable, the value and the range."""
-    value = config.get(name)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number >= 0):
-        raise ValueError(f"{name}={value!r}: expected a number of seconds >= 0 "
-                         "(0 turns it off)")
-    return number
+    return config.get_seconds(name, default)
 
 
 def configure():

@@ -184,6 +184,7 @@ def get_logger():
         handler.setFormatter(logging.Formatter("[rank %(rank)s] spmdnet %(levelname)s: "
                                                "%(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(config.get("SPMDNET_LOG_LEVEL", "WARNING").upper())
+        levels = {"debug", "info", "warning", "error"}
+        logger.setLevel(config.get_choice("SPMDNET_LOG_LEVEL", levels, "warning").upper())
         logger.propagate = False
     return logger
