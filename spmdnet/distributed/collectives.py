@@ -84,7 +84,7 @@ def allreduce(x, op="sum", comm=None):
     if op == "mean" and arr.dtype.kind not in "fc":
         raise TypeError(f"allreduce op='mean' needs a floating dtype, got {arr.dtype}; "
                         "use op='sum' and divide")
-    if not arr.flags.writeable:
+    if not getattr(arr.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise ValueError("allreduce works in place: the array is read-only")
     with guarded(f"allreduce({op})", comm, arr):
         on_host(arr, lambda buf: comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))

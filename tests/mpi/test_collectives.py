@@ -1,11 +1,13 @@
 """Collectives on arrays and Tensors: closed forms in rank and size, over
 dtypes and shapes (0-d, odd length, 3-D, non-contiguous)."""
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import spmdnet as sn
-from spmdnet import dist
+from spmdnet import backend, dist
 
 pytestmark = pytest.mark.mpi
 
@@ -134,4 +136,6 @@ def test_world_facts():
     assert w.size == MPI.COMM_WORLD.Get_size() and w.rank == MPI.COMM_WORLD.Get_rank()
     assert 0 <= dist.local_rank() < w.local_size <= w.size
     assert dist.is_root() == (dist.rank() == 0)
-    assert w.device == "cpu"
+    # SPMDNET_DEVICE=auto (the default) binds a GPU where CuPy sees one
+    gpu = backend.cupy_available() and os.environ.get("SPMDNET_DEVICE", "auto") != "cpu"
+    assert w.device == ("gpu" if gpu else "cpu") == dist.bound_device()

@@ -1,7 +1,9 @@
 """GPU paths (need CuPy and a CUDA device; skipped elsewhere): collectives on
 device buffers give the same results through CUDA-aware MPI and through
 pinned host staging, DataParallel on GPU equals the CPU run, and each rank
-uses device local_rank % device_count."""
+uses device local_rank % device_count. Skipped too under SPMDNET_DEVICE=cpu."""
+import os
+
 import numpy as np
 import pytest
 
@@ -10,18 +12,20 @@ import spmdnet.functional as F
 from spmdnet import backend, dist, nn, parallel
 from spmdnet.distributed import transport
 
-pytestmark = [pytest.mark.mpi, pytest.mark.gpu]
+pytestmark = [pytest.mark.mpi, pytest.mark.gpu,
+              pytest.mark.skipif(os.environ.get("SPMDNET_DEVICE") == "cpu",
+                                 reason="SPMDNET_DEVICE=cpu keeps every rank on the CPU")]
 
 
 @pytest.fixture(params=["1", "0"])
 def cuda_aware(request, monkeypatch):
     """Both transports: device buffers to MPI, and host staging."""
+    monkeypatch.delenv("SPMDNET_CUDA_AWARE", raising=False)
+    aware, how = transport.probe_cuda_aware()  # the library's own answer, not the knob's
+    if request.param == "1" and not aware:
+        pytest.skip(f"this MPI is not CUDA-aware ({how})")
     monkeypatch.setenv("SPMDNET_CUDA_AWARE", request.param)
     transport._decision.clear()
-    if request.param == "1" and not transport.probe_cuda_aware()[0]:
-        monkeypatch.delenv("SPMDNET_CUDA_AWARE")
-        transport._decision.clear()
-        pytest.skip("this MPI is not CUDA-aware")
     yield request.param
     transport._decision.clear()
 
