@@ -272,7 +272,9 @@ def test_disk_full_under_mpi_without_abort_is_one_error_per_rank(tmp_path):
     code, _, err, _ = run_mpi(2, script, str(target) + "/", timeout=90,
                               env={"SPMDNET_ABORT_ON_ERROR": "0"})
     assert code == 1, err  # no segfault (139/-11), no hang
-    assert err.count("CheckpointError: saving checkpoint") == 2
+    # both ranks raise it; their stderr lines may interleave, so count the name alone
+    assert err.count("Traceback (most recent call last)") == 2
+    assert err.count("CheckpointError") >= 2 and "saving checkpoint" in err
     assert re.search(r"the checkpoint needs 36\d{4} bytes", err)
     assert "Segmentation" not in err and "h5py" not in err
     assert_previous_intact(target)
