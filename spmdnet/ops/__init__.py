@@ -15,7 +15,11 @@ from .pointwise_losses import BCELoss, BCEWithLogitsLoss, L1Loss, MSELoss, Smoot
 from .reduce import Amax, Amin, LogSumExp, Mean, Norm, Prod, SelectAlong, Sum, Var
 from .select import Maximum, Minimum, Where, clamp, masked_fill, maximum, minimum, where
 from .sort import Permuted
-from . import convert, index, inplace, shape
+from . import convert, gather, index, inplace, methods, pointwise, scan, shape
+from .gather import Diag, Gather, Scatter
+from .methods import Clone
+from .pointwise import Square, Step
+from .scan import Cumprod, Cumsum, Flip, Roll
 from .convert import ToDevice, array_ufunc
 from .index import Concatenate, Index, Stack, Triangle, getitem
 from .shape import Contiguous, Expand, Permute, Repeat, Reshape, reshape
@@ -32,7 +36,9 @@ REGISTRY = {
     "logsumexp": LogSumExp, "norm": Norm, "select_along": SelectAlong, "permuted": Permuted,
     "reshape": Reshape, "permute": Permute, "expand": Expand, "repeat": Repeat,
     "contiguous": Contiguous, "index": Index, "concatenate": Concatenate, "stack": Stack,
-    "triangle": Triangle, "to_device": ToDevice,
+    "triangle": Triangle, "to_device": ToDevice, "clone": Clone,
+    "square": Square, "step": Step, "cumsum": Cumsum, "cumprod": Cumprod, "flip": Flip,
+    "roll": Roll, "gather": Gather, "scatter": Scatter, "diag": Diag,
     "softmax": Softmax, "log_softmax": LogSoftmax, "dropout": Dropout, "layer_norm": LayerNorm,
     "embedding": Embedding, "pad": Pad, "normalize": Normalize,
     "silu": SiLU, "leaky_relu": LeakyReLU, "elu": ELU, "softplus": Softplus,
@@ -69,12 +75,16 @@ TENSOR_METHODS = {
     "relu": relu, "clamp": clamp, "clip": clamp, "maximum": maximum, "minimum": minimum,
     "where": lambda a, condition, other: where(condition, a, other),
     "masked_fill": masked_fill,
+    "square": pointwise.square, "sign": pointwise.sign, "floor": pointwise.floor,
+    "ceil": pointwise.ceil, "round": pointwise.round, "trunc": pointwise.trunc,
+    "lerp": pointwise.lerp, "outer": pointwise.outer, "addmm": pointwise.addmm,
     # reductions and sorting (ops/reduce.py, ops/sort.py)
     "sum": reduce.sum, "mean": reduce.mean, "var": reduce.var, "std": reduce.std,
     "prod": reduce.prod, "amax": reduce.amax, "amin": reduce.amin, "max": reduce.max,
     "min": reduce.min, "argmax": reduce.argmax, "argmin": reduce.argmin,
     "logsumexp": reduce.logsumexp, "any": reduce.any, "all": reduce.all, "norm": reduce.norm,
     "sort": sort.sort, "argsort": sort.argsort, "topk": sort.topk,
+    "cumsum": scan.cumsum, "cumprod": scan.cumprod,
     # shape (ops/shape.py, ops/index.py)
     "reshape": reshape, "view": shape.view, "view_as": shape.view_as,
     "reshape_as": shape.reshape_as, "permute": shape.permute, "transpose": shape.transpose,
@@ -84,6 +94,11 @@ TENSOR_METHODS = {
     "expand": shape.expand, "expand_as": shape.expand_as, "repeat": shape.repeat,
     "contiguous": shape.contiguous, "narrow": index.narrow, "split": index.split,
     "chunk": index.chunk, "unbind": index.unbind, "tril": index.tril, "triu": index.triu,
+    "flip": scan.flip, "roll": scan.roll, "gather": gather.gather, "scatter": gather.scatter,
+    "scatter_add": gather.scatter_add, "index_select": gather.index_select,
+    "repeat_interleave": gather.repeat_interleave, "diag": gather.diag,
+    # clone, requires_grad_, softmax, new_zeros & co., normal_, uniform_, type (ops/methods.py)
+    **methods.METHODS,
     # type and device (ops/convert.py)
     "to": convert.to, "type_as": convert.type_as, "cpu": convert.cpu, "cuda": convert.cuda,
     **convert.CASTS, "__array_ufunc__": array_ufunc,
