@@ -15,10 +15,7 @@ issue 6; without kernels <= 1.35) and the peak memory a step allocates
 (tracemalloc), ours/floor (goal <= 1.5). Kernel compilation happens in a
 warm-up step before timing; its seconds are printed at the end of the row.
 """
-import argparse
 import os
-import subprocess
-import sys
 import time
 import tracemalloc
 
@@ -29,7 +26,7 @@ import spmdnet.functional as F
 from spmdnet import optim
 from spmdnet.bench.step_bench import LAYERS, build_model
 from spmdnet.kernels import compile_seconds
-from spmdnet.launch import THREAD_VARS
+from spmdnet.launch import thread_sweep
 
 BATCH = 256
 
@@ -137,22 +134,15 @@ def child(steps):
           f"{mem['ours'] / mem['floor']:8.2f} {compiled:9.1f}", flush=True)
 
 
+def header(steps):
+    return (f"MLP {'-'.join(map(str, LAYERS))}, batch {BATCH}, float32, SGD momentum; median "
+            f"of {steps} interleaved steps (ms); peak step allocation (MiB)\n"
+            "threads floor_ms  numpy_ms   ours_ms     xp_ms numpy/floor ours/floor xp/floor "
+            "floor_MiB ours_MiB mem_ratio compile_s")
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        return child(args.steps)
-    print(f"MLP {'-'.join(map(str, LAYERS))}, batch {BATCH}, float32, SGD momentum; "
-          f"median of {args.steps} interleaved steps (ms); peak step allocation (MiB)")
-    print("threads floor_ms  numpy_ms   ours_ms     xp_ms numpy/floor ours/floor xp/floor "
-          "floor_MiB ours_MiB mem_ratio compile_s")
-    for n in args.threads:
-        env = dict(os.environ, **dict.fromkeys(THREAD_VARS, str(n)))
-        subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps)],
-                       env=env, check=True)
+    return thread_sweep(__file__, __doc__, child, header, threads=(1, 2))
 
 
 if __name__ == "__main__":

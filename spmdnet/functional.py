@@ -13,6 +13,7 @@ import warnings
 
 from ._tensor import Tensor
 from .backend import xp_of
+from .random import generator
 from .ops import (
     GELU,
     Dropout,
@@ -34,8 +35,18 @@ from .ops import (
     tanh,
 )
 from .ops._util import dim_arg, normalize_axes
+from .ops.attention import ScaledDotProductAttention
 from .ops.activations import elu, leaky_relu, silu, softplus
+from .ops.batchnorm import batch_norm
 from .ops.convert import cast
+from .ops.conv import conv1d, conv2d
+from .ops.pooling import (
+    adaptive_avg_pool2d,
+    adaptive_max_pool2d,
+    avg_pool2d,
+    interpolate,
+    max_pool2d,
+)
 from .ops.index import concatenate, stack
 from .ops.losses import cross_entropy, nll_loss
 from .ops.pointwise_losses import (
@@ -51,7 +62,9 @@ __all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "silu", "leaky_relu", "e
            "cross_entropy", "nll_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "mse_loss", "l1_loss", "smooth_l1_loss",
            "dropout", "layer_norm", "embedding", "one_hot", "pad", "normalize",
-           "scaled_dot_product_attention", "concatenate", "stack"]
+           "scaled_dot_product_attention", "concatenate", "stack",
+           "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+           "adaptive_max_pool2d", "interpolate", "batch_norm"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
@@ -241,26 +254,23 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None):
     """softmax(query @ keyᵀ · scale + mask) @ value over (..., L, E), (..., S, E)
-    and (..., S, Ev). A bool ``attn_mask`` is True where attention is allowed;
-    a float one is added to the scores; ``is_causal`` allows the lower
-    triangle of (L, S); ``scale`` defaults to 1/sqrt(E). ``dropout_p`` drops
-    attention weights whenever it is > 0 (pass 0.0 in evaluation)."""
+    and (..., S, Ev), one op (ops/attention.py). A bool ``attn_mask`` is
+    True where attention is allowed; a float one is added to the scores;
+    ``is_causal`` allows the lower triangle of (L, S); ``scale`` defaults to
+    1/sqrt(E). ``dropout_p`` drops attention weights whenever it is > 0 (pass 0.0 in evaluation)."""
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: give attn_mask or is_causal, "
                            "not both")
-    xp = xp_of(query.data)
-    length, source, e = query.shape[-2], key.shape[-2], query.shape[-1]
-    scale = 1.0 / math.sqrt(e) if scale is None else scale
-    scores = matmul(query, key.transpose(-2, -1)) * scale
-    if is_causal:
-        attn_mask = xp.tril(xp.ones((length, source), dtype=bool))
-    if attn_mask is not None:
-        mask = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
-        if mask.dtype.kind == "b":
-            scores = scores + Tensor(xp.where(mask, 0.0, -xp.inf).astype(scores.dtype))
-        else:
-            scores = scores + as_tensor_like(attn_mask, scores)
-    weights = Softmax.apply(scores, axis=scores.ndim - 1)
-    if dropout_p > 0.0:
-        weights = dropout(weights, dropout_p, training=True)
-    return matmul(weights, value)
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be between 0 and 1, "
+                         f"got {dropout_p}")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    seed = int(generator().integers(2**63)) if dropout_p > 0 else 0
+    inputs, mask = (query, key, value), None
+    if isinstance(attn_mask, Tensor):
+        inputs += (attn_mask,)
+    elif attn_mask is not None:
+        mask = xp_of(query.data).asarray(attn_mask)
+    return ScaledDotProductAttention.apply(*inputs, mask=mask, causal=bool(is_causal),
+                                           scale=float(scale), dropout_p=float(dropout_p),
+                                           seed=seed)

@@ -11,6 +11,7 @@ spmdnet.bench scaling``, the tests and ``tests/run.sh``.
 
     python -m spmdnet.launch --shell   # prints `export ... MPIEXEC=...` for a shell's eval
 """
+import argparse
 import functools
 import os
 import shlex
@@ -105,3 +106,27 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--shell"]:
         sys.exit(__doc__)
     print(shell_exports())
+
+
+def rerun_with_threads(script, threads, *args):
+    """Run ``python script *args`` once per BLAS thread count in ``threads``
+    (a fresh process each: BLAS reads its thread count at import)."""
+    for n in threads:
+        env = dict(os.environ, **dict.fromkeys(THREAD_VARS, str(n)))
+        subprocess.run([sys.executable, str(script), *map(str, args)], env=env, check=True)
+
+
+def thread_sweep(script, doc, child, header, threads=(1,), steps=30):
+    """The ``main()`` of a benchmark timed per BLAS thread count: options
+    ``--steps`` and ``--threads``; prints ``header(steps)``, then runs
+    ``child(steps)`` in a fresh ``script --child`` process per thread count."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--threads", type=int, nargs="+", default=list(threads))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.steps)
+    print(header(args.steps))
+    rerun_with_threads(script, args.threads, "--child", "--steps", args.steps)
+    return 0

@@ -92,6 +92,14 @@ def test_train_ddp_is_the_readme_example_and_passes_its_check(tmp_path):
     assert "epoch 4: loss" in out and "accuracy check passed" in out
 
 
+def test_train_cnn_with_sync_batchnorm_passes_its_check(tmp_path):
+    code, out, err, _ = run_mpi(4, ROOT / "examples/train_cnn.py", "--data-dir", tmp_path,
+                                "--epochs", "3", timeout=300)
+    assert code == 0, err
+    assert re.search(r"epoch 2: loss [0-9.]+, accuracy 0\.9[5-9]", out), out
+    assert "accuracy check passed" in out
+
+
 def test_progress_bar_on_a_terminal_only(tmp_path):
     """tqdm draws a bar on a terminal; into a pipe (as under Slurm) only the
     epoch and result lines are written."""
@@ -147,7 +155,8 @@ BAD_OPTIONS = [
     ("train_3d", "--tp", "0"), ("train_3d", "--pp", "-1"), ("train_3d", "--micro-batches", "0"),
     ("train_3d", "--epochs", "-1"), ("train_3d", "--hidden", "0"), ("train_3d", "--lr", "-1"),
     ("train_ddp", "--epochs", "-1"), ("train_ddp", "--batch-size", "0"),
-    ("train_ddp", "--min-accuracy", "-0.5"), ("compute_pi", "--intervals", "0"),
+    ("train_ddp", "--min-accuracy", "-0.5"), ("train_cnn", "--batch-size", "0"),
+    ("train_cnn", "--lr", "-1"), ("compute_pi", "--intervals", "0"),
     ("tensor_parallel_mlp", "--tp", "-1"), ("tensor_parallel_mlp", "--hidden", "0"),
     ("tensor_parallel_mlp", "--tolerance", "-1"), ("train_mlp", "--epochs", "abc"),
 ]

@@ -11,6 +11,8 @@ optim_kernels  SGD and Adam/AdamW updates              optim.SGD, optim.Adam
 special        float32 exp, erf, tanh for kernels;     the kernels above; ``erf_array``:
                erf on arrays in plain xp               ops.unary's exact GELU
 reduce         8-lane row sums/max; CUDA block sums    the kernels above
+conv           im2col and col2im                       ops.conv.Conv2d
+pool           max pooling with argmax                 ops.pooling.MaxPool2d
 =============  ======================================  ===================================
 
 The one seam between ops and kernels is ``lookup(op, *arrays, step=...)``:
@@ -34,7 +36,7 @@ import numpy as np
 
 from .._tensor import get_default_dtype
 from ..distributed import compile_order
-from . import _cache, activation, embedding, loss, norm, optim_kernels
+from . import _cache, activation, conv, embedding, loss, norm, optim_kernels, pool
 from ._cache import cache_dir
 from ._numba import compile_seconds
 from .dispatch import TABLE, enabled, lookup, mode, use
@@ -43,7 +45,7 @@ from .special import erf_array as erf
 __all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compile_seconds",
            "cache_dir", "compile_in_order"]
 
-_MODULES = (activation, loss, norm, embedding, optim_kernels)
+_MODULES = (activation, loss, norm, embedding, optim_kernels, conv, pool)
 
 
 def compile_in_order(compile_fn, comm=None):

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from .. import config
 from . import activation, embedding, loss, norm, optim_kernels
+from . import conv, pool
 from ._numba import available
 from ._target import array_target
 
@@ -95,6 +96,14 @@ TABLE = {
                            "backward": loss.backward}, _small_logits),
     "layer_norm": Rule({"forward": norm.forward, "backward": norm.backward}, _has_last_axis),
     "embedding": Rule({"backward": embedding.backward}),
+    # kernels/attention.py (row at a time, no BLAS) measured 1.2x (T=64) to 11x
+    # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py)
+    "attention": Rule({}),
+    # benchmarks/cnn_step.py shapes, 1 thread: col2im 1.5 against 2.0 ms (conv2's input
+    # gradient); max pooling 1.5 against 4.1 ms (pool1). conv.im2col (2-4x slower than
+    # NumPy's copy of the strided view there) has no row: the op keeps NumPy's copy.
+    "conv2d": Rule({"col2im": conv.col2im}),
+    "max_pool2d": Rule({"forward": pool.max_pool_forward}),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
     "adam": Rule({"update": optim_kernels.adam_update}, _contiguous),
 }

@@ -207,3 +207,13 @@ def normal(shape, std=1.0, dtype=None):
 def linear_bound(in_features):
     """PyTorch's default bound for Linear weight and bias: 1/sqrt(in)."""
     return 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
+
+
+def default_layer_init_(weight, bias=None):
+    """PyTorch's default init of Linear and Conv layers: weight
+    kaiming_uniform_(a=sqrt(5)), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = _calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        uniform_(bias, -bound, bound)

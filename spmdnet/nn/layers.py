@@ -4,7 +4,6 @@
 are accepted as in PyTorch; parameters are initialised on the host from
 spmdnet's generator, then moved, so a seed gives the same weights anywhere.
 """
-import math
 
 import numpy as np
 
@@ -42,11 +41,7 @@ class Linear(Module):
         _move(self, device)
 
     def reset_parameters(self):
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.in_features
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        init.default_layer_init_(self.weight, self.bias)
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)

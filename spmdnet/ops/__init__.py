@@ -20,6 +20,9 @@ from .gather import Diag, Gather, Scatter
 from .methods import Clone
 from .pointwise import Square, Step
 from .scan import Cumprod, Cumsum, Flip, Roll
+from .batchnorm import BatchNorm, BatchNormEval
+from .conv import Conv2d
+from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
 from .convert import ToDevice, array_ufunc
 from .index import Concatenate, Index, Stack, Triangle, getitem
 from .shape import Contiguous, Expand, Permute, Repeat, Reshape, reshape
@@ -45,6 +48,9 @@ REGISTRY = {
     "cross_entropy": CrossEntropy, "cross_entropy_probs": CrossEntropyProbs,
     "nll_loss": NLLLoss, "mse_loss": MSELoss, "l1_loss": L1Loss, "smooth_l1_loss": SmoothL1Loss,
     "binary_cross_entropy": BCELoss, "binary_cross_entropy_with_logits": BCEWithLogitsLoss,
+    "batch_norm": BatchNorm, "batch_norm_eval": BatchNormEval,
+    "conv2d": Conv2d, "max_pool2d": MaxPool2d, "avg_pool2d": AvgPool2d,
+    "adaptive_avg_pool2d": AdaptiveAvgPool2d, "adaptive_max_pool2d": AdaptiveMaxPool2d,
 }
 
 

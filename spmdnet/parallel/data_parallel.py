@@ -20,6 +20,7 @@ from ..autograd import Function, is_grad_enabled, queue_callback
 from .buckets import build_buckets
 from .join import Join, notify
 from .reducer import REDUCERS, choose_overlap
+from .sync_batchnorm import attach as attach_sync_batchnorm
 
 MB = 1024 * 1024
 FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
@@ -86,9 +87,15 @@ class DataParallel(Module):
     sets all gradients to None, so the optimizer skips the step). Local
     gradients are checked before their allreduce and the decision is
     reduced, so all ranks act alike.
+
+    ``broadcast_buffers`` (DDP's default True): before each training forward
+    (grad enabled, outside ``no_sync``) every rank takes rank 0's buffers
+    (BatchNorm's running statistics). A SyncBatchNorm's group must be
+    contained in ``comm`` (DistributedError at wrap time otherwise).
     """
 
-    def __init__(self, model, comm=None, bucket_mb=25.0, overlap="auto", nonfinite="ignore"):
+    def __init__(self, model, comm=None, bucket_mb=25.0, overlap="auto", nonfinite="ignore",
+                 broadcast_buffers=True):
         super().__init__()
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
@@ -100,6 +107,8 @@ class DataParallel(Module):
         base = comm if comm is not None else world.comm
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         check_same_parameters(base, named)
+        self.broadcast_buffers, self._buffers_answered = broadcast_buffers, False
+        attach_sync_batchnorm(self, model, base)
         # A private communicator: our reductions never interleave with the
         # user's collectives on the same communicator.
         self.comm = dist.dup(base)
@@ -145,6 +154,8 @@ class DataParallel(Module):
         if self._joining and self._sync and is_grad_enabled():
             self._join_iterations += 1
             notify(self.comm, True)  # the ranks that ran out of data answer 0
+        if self.broadcast_buffers and self._sync and is_grad_enabled():
+            self._sync_buffers()
         out = self.module(*args, **kwargs)
         if self._sync and getattr(out, "requires_grad", False):
             out = _BackwardSentinel.apply(out, owner=self)
@@ -168,8 +179,28 @@ class DataParallel(Module):
         of ranks). ``joinables``: more objects to shadow (see ``parallel.join``)."""
         return Join(self, joinables)
 
+    def _sync_buffers(self, training=True):
+        """Every rank takes rank 0's buffers (``broadcast_buffers``); under
+        ``join``, those of the highest rank still training (PyTorch's
+        authoritative rank: a rank that ran out holds stale ones)."""
+        root = 0
+        if self._joining:
+            mine = self.comm.Get_rank() if training else -1
+            root = dist.allreduce(mine, op="max", comm=self.comm)
+        for _, buf in self.module.named_buffers():
+            dist.broadcast(buf.data, root=root, comm=self.comm)
+
+    def _shadow_buffers(self):
+        """A joined rank answers the forward's buffer broadcast, once per
+        iteration (a SyncBatchNorm's shadow calls it first, see sync_batchnorm)."""
+        if self.broadcast_buffers and not self._buffers_answered:
+            self._sync_buffers(training=False)
+        self._buffers_answered = True
+
     def join_shadow(self):
         """One iteration's collectives, with zero gradients (see ``parallel.join``)."""
+        self._shadow_buffers()
+        self._buffers_answered = False
         for bucket in self.buckets:
             for p in bucket.params:
                 p.grad = None

@@ -1,0 +1,134 @@
+"""Scaled dot-product attention as one op with its own backward.
+
+softmax(q kᵀ · scale + mask) v over any leading dims, PyTorch's mask rules
+(a bool mask is True where attention is allowed, a float one is added,
+``causal`` keeps j <= i, top-left aligned). Forward keeps q, k, v, the
+output and one log-sum-exp per query row: never an (..., L, S) array.
+Query rows go in blocks of ``block_rows`` (peak memory N x block x S, not
+N x L x S); backward recomputes each block's probabilities from the
+log-sum-exp and regenerates the dropout mask from the seed
+(``kernels.attention.dropout_keep``, a Philox counter stream). The Numba
+kernels (``kernels/attention.py``) take the maskless cases where
+``kernels/dispatch.py`` says so.
+"""
+import numpy as np
+
+from .. import kernels
+from ..autograd.function import Function
+from ..backend import xp_of
+from ..kernels.attention import dropout_keep
+from ._util import unbroadcast
+
+BLOCK_ELEMENTS = 1 << 20  # scores per block, over all leading dims
+
+
+class ScaledDotProductAttention(Function):
+    """Inputs q, k, v and optionally a mask that may need a gradient (a
+    float one); a mask that needs none may come as ``mask=``."""
+
+    def forward(self, q, k, v, *grad_mask, mask=None, causal=False, scale=1.0, dropout_p=0.0,
+                seed=0, block_rows=None):
+        mask = grad_mask[0] if grad_mask else mask
+        xp = xp_of(q, k, v)
+        length, source = q.shape[-2], k.shape[-2]
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
+                                   () if mask is None else mask.shape[:-2])
+        self.shapes, self.lead = (q.shape, k.shape, v.shape), lead
+        self.q, self.k, self.v = (xp.broadcast_to(a, lead + a.shape[-2:]).reshape(
+            (-1,) + a.shape[-2:]) for a in (q, k, v))
+        if mask is not None:
+            mask = mask if mask.dtype.kind == "b" else mask.astype(q.dtype, copy=False)
+        self.mask, self.causal, self.scale = mask, causal, scale
+        self.dropout_p, self.seed = dropout_p, seed
+        n = self.q.shape[0]
+        self.block = block_rows or max(1, BLOCK_ELEMENTS // max(1, n * source))
+        self.kernel = None
+        if mask is None:
+            self.kernel = kernels.lookup("attention", self.q, self.k, self.v, step="backward")
+            kernel = kernels.lookup("attention", self.q, self.k, self.v)
+            if kernel is not None:
+                self.out, self.lse = kernel(self.q, self.k, self.v, causal, scale, dropout_p,
+                                            seed)
+                return self.out.reshape(lead + self.out.shape[1:])
+        self.out = xp.empty((n, length, v.shape[-1]), q.dtype)
+        self.lse = xp.empty((n, length), q.dtype)
+        for rows in self._blocks():
+            s = self._scores(xp, rows)
+            m = s.max(axis=-1, keepdims=True)
+            p = xp.exp(s - m)
+            total = p.sum(axis=-1, keepdims=True)
+            self.lse[:, rows.start:rows.stop] = (m + xp.log(total))[..., 0]
+            p /= total
+            if dropout_p > 0:
+                p *= self._dropout(xp, rows)
+            xp.matmul(p, self.v, out=self.out[:, rows.start:rows.stop])
+        return self.out.reshape(lead + self.out.shape[1:])
+
+    def backward(self, grad):
+        xp = xp_of(grad)
+        g = xp.ascontiguousarray(grad.reshape(self.out.shape))
+        if self.kernel is not None:
+            grads = self.kernel(g, self.q, self.k, self.v, self.out, self.lse, self.causal,
+                                self.scale, self.dropout_p, self.seed)
+            return self._unbroadcast(*grads) + ((None,) if len(self.needs_input_grad) > 3 else ())
+        dsum = (g * self.out).sum(axis=-1)
+        dq, dk, dv = xp.empty_like(self.q), xp.zeros_like(self.k), xp.zeros_like(self.v)
+        has_mask = len(self.needs_input_grad) > 3  # a mask tensor among the inputs
+        want_mask = has_mask and self.needs_input_grad[3] and self.mask.dtype.kind != "b"
+        dmask = xp.zeros(self.mask.shape, self.mask.dtype) if want_mask else None
+        for rows in self._blocks():
+            r = slice(rows.start, rows.stop)
+            p = xp.exp(self._scores(xp, rows) - self.lse[:, r, None])
+            dp = xp.matmul(g[:, r], self.v.transpose(0, 2, 1))
+            kept = p
+            if self.dropout_p > 0:
+                z = self._dropout(xp, rows)
+                kept, dp = p * z, dp * z
+            dv += xp.matmul(kept.transpose(0, 2, 1), g[:, r])
+            ds = p * (dp - dsum[:, r, None])
+            if dmask is not None:
+                self._mask_grad(dmask, ds, r)
+            ds *= self.scale
+            xp.matmul(ds, self.k, out=dq[:, r])
+            dk += xp.matmul(ds.transpose(0, 2, 1), self.q[:, r])
+        return self._unbroadcast(dq, dk, dv) + ((dmask,) if has_mask else ())
+
+    def _blocks(self):
+        length = self.q.shape[1]
+        return [range(r, min(r + self.block, length)) for r in range(0, length, self.block)]
+
+    def _scores(self, xp, rows):
+        """Scores of query rows ``rows`` (N, rows, S), masked."""
+        r = slice(rows.start, rows.stop)
+        s = xp.matmul(self.q[:, r], self.k.transpose(0, 2, 1))
+        s *= self.scale
+        source = s.shape[-1]
+        if self.causal:
+            allowed = xp.arange(source)[None, :] <= xp.arange(rows.start, rows.stop)[:, None]
+            s = xp.where(allowed, s, -xp.inf)
+        if self.mask is not None:
+            m = self.mask[..., r, :] if self.mask.ndim >= 2 and self.mask.shape[-2] > 1 \
+                else self.mask
+            m = xp.broadcast_to(m, self.lead + (len(rows), source)).reshape(s.shape)
+            s = xp.where(m, s, -xp.inf) if m.dtype.kind == "b" else s + m
+        return s
+
+    def _dropout(self, xp, rows):
+        """The kept-and-scaled factors of rows ``rows``, regenerated from the seed."""
+        keep = dropout_keep(xp, self.q.shape[:2] + self.k.shape[1:2], rows, self.seed,
+                            self.dropout_p)
+        inv = 0.0 if self.dropout_p >= 1 else 1.0 / (1.0 - self.dropout_p)
+        return keep * self.q.dtype.type(inv)
+
+    def _mask_grad(self, dmask, ds, r):
+        """Add the scores' gradient of rows r to the mask's, unbroadcast."""
+        full = ds.reshape(self.lead + ds.shape[1:])
+        if dmask.ndim >= 2 and dmask.shape[-2] > 1:
+            dmask[..., r, :] += unbroadcast(full, dmask.shape[:-2] + (ds.shape[1], dmask.shape[-1]))
+        else:
+            dmask += unbroadcast(full, dmask.shape)
+
+    def _unbroadcast(self, *grads):
+        need = self.needs_input_grad
+        return tuple(unbroadcast(g.reshape(self.lead + g.shape[1:]), shape) if need[i] else None
+                     for i, (g, shape) in enumerate(zip(grads, self.shapes, strict=True)))

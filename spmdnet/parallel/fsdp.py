@@ -1,0 +1,313 @@
+"""FullyShardedDataParallel: ZeRO-3, parameters, gradients and optimizer state 1/N per rank.
+
+``FullyShardedDataParallel(model, wrap={Block})``: every ``Block`` instance
+is its own shard unit, the rest of the model the root unit. A unit's
+parameters live as one flat shard per rank (``fsdp_units.Flat``: padded to a
+multiple of the group size N, ceil(numel / N) elements each);
+``fsdp.parameters()`` yields these shards, so any optimizer updates only its
+1/N, and its state is 1/N too.
+
+Full parameters exist only while their unit runs. A wrapped unit is one
+autograd ``Function`` (``fsdp_units.UnitRun``): all-gather, forward without a
+graph, free; in backward all-gather again, recompute the unit's forward with
+a graph, backpropagate, reduce-scatter the flat gradient into the shard's
+``.grad`` (the mean over the group, as DataParallel), free. Only a unit's
+inputs are kept between forward and backward (activation checkpointing per
+unit: about one more forward of compute). The root unit, and every unit with
+``reshard_after_forward=False``, is gathered for the whole forward and
+backward and reduced when backward ends. Parameters that get no gradient
+contribute zeros. All ranks must run the same units in the same order (as
+PyTorch's FSDP). A parameter shared by two units is an error; one shared
+inside a unit is fine.
+"""
+import math
+
+import numpy as np
+
+from .. import distributed as dist
+from .._tensor import Tensor
+from ..backend import xp_of
+from ..autograd import is_grad_enabled, queue_callback
+from ..nn.module import Module
+from .data_parallel import DataParallel, _BackwardSentinel, check_same_parameters
+from .fsdp_prefetch import Prefetcher
+from .fsdp_state import full_optim_state, load_full_optim_state
+from .fsdp_units import Flat, Unit, UnitRun
+
+
+def _policy(wrap):
+    if wrap is None:
+        return lambda m: False
+    if callable(wrap) and not isinstance(wrap, type):
+        return wrap
+    classes = (wrap,) if isinstance(wrap, type) else tuple(wrap)
+    return lambda m: isinstance(m, classes)
+
+
+def _owners(model, policy):
+    """{unit module name: [(param name, param)]} for the root ("") and each wrapped module."""
+    units, owner_of = {"": (model, [])}, {}
+    seen = {}
+    stack = [("", model, "")]
+    while stack:
+        name, mod, unit = stack.pop()
+        if name and policy(mod):
+            unit = name
+            units[unit] = (mod, [])
+        for pname, p in mod._parameters.items():
+            if p is None or not p.requires_grad:
+                continue
+            full = f"{name}.{pname}" if name else pname
+            if id(p) in owner_of:
+                if owner_of[id(p)] != unit:
+                    raise ValueError(f"FSDP: parameter {full!r} is shared by units "
+                                     f"{owner_of[id(p)]!r} and {unit!r}; tie parameters "
+                                     "inside one unit (wrap their common parent)")
+                continue
+            owner_of[id(p)] = unit
+            seen[id(p)] = full
+            units[unit][1].append((full, p))
+        for cname, child in reversed(list(mod._modules.items())):
+            if child is not None:
+                stack.append((f"{name}.{cname}" if name else cname, child, unit))
+    return units
+
+
+class FullyShardedDataParallel(Module):
+    """Fully sharded data parallelism over ``comm`` (default: the world).
+
+    ``wrap``: module classes (or a predicate on modules) whose instances are
+    their own shard units. ``reshard_after_forward=False`` keeps every unit's
+    full parameters from its forward to the end of backward (no
+    recomputation, more memory). ``prefetch``: start the next unit's
+    all-gather while this one computes (``fsdp_prefetch``).
+    """
+
+    def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True):
+        super().__init__()
+        world = dist.init() if comm is None else dist.world()
+        base = comm if comm is not None else world.comm
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        check_same_parameters(base, named)
+        object.__setattr__(self, "module", module)  # not a submodule: its parameters are not ours
+        self.comm = dist.dup(base)
+        self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
+        for p in module.parameters():  # frozen ones too: they stay full on every rank
+            dist.broadcast(p.data, root=0, comm=self.comm)
+        for _, b in module.named_buffers():
+            dist.broadcast(b.data, root=0, comm=self.comm)
+        self.units, self._sync = [], True
+        self._finish_scheduled = False
+        for uname, (mod, params) in _owners(module, _policy(wrap)).items():
+            flats = self._flats(uname, params)
+            if uname and not flats:
+                continue  # a wrapped module with no parameters of its own runs as it is
+            unit = Unit(uname, mod, flats, recompute=bool(uname) and reshard_after_forward)
+            self.units.append(unit)
+            if unit.recompute:
+                object.__setattr__(mod, "forward", self._runner(unit))
+        self.prefetcher = Prefetcher(self.comm, prefetch)
+        # The model's own state_dict would save its freed (zero-size) parameters:
+        # on the wrapped model, as on the wrapper, it is the gathered full state.
+        object.__setattr__(module, "state_dict", self.state_dict)
+        object.__setattr__(module, "load_state_dict", self.load_state_dict)
+        for i, unit in enumerate(self.units):
+            for j, f in enumerate(unit.flats):
+                f.source = self.prefetcher
+                self.register_parameter(f"shard_{i}_{j}", f.shard)
+
+    def _flats(self, uname, params):
+        """One flat per dtype among the unit's parameters (usually one)."""
+        by_dtype = {}
+        for name, p in params:
+            by_dtype.setdefault(str(p.dtype), []).append((name, p))
+        return [Flat([n for n, _ in group], [p for _, p in group], self.comm)
+                for group in by_dtype.values()]
+
+    def _runner(self, unit):
+        def run(*args, **kwargs):
+            if not is_grad_enabled():
+                unit.gather()
+                try:
+                    return unit.forward(*args, **kwargs)
+                finally:
+                    unit.free()
+            bad = [type(a).__name__ for a in args if not isinstance(a, Tensor)]
+            if bad:
+                raise TypeError(f"FSDP unit {unit.name!r}: positional arguments must be "
+                                f"Tensors, got {bad} (pass other values as keywords)")
+            shards = [f.shard for f in unit.flats]
+            return UnitRun.apply(*shards, *args, unit=unit, n_shards=len(shards),
+                                 kwargs=kwargs, owner=self)
+        return run
+
+    # -- forward / backward ----------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        kept = [u for u in self.units if not u.recompute]
+        grad = is_grad_enabled()
+        self.prefetcher.begin("forward")
+        for unit in kept:
+            unit.gather()
+            if grad:
+                unit.open_grads()
+        for unit in self.units:
+            unit.ran_backward = False
+        try:
+            out = self.module(*args, **kwargs)
+        except BaseException:
+            self._free(kept)
+            raise
+        finally:
+            self.prefetcher.end()
+        if grad and getattr(out, "requires_grad", False):
+            return _BackwardSentinel.apply(out, owner=self)  # -> _schedule_finish
+        self._free(kept)
+        return out
+
+    @staticmethod
+    def _free(units):
+        for unit in units:
+            unit.homes = None
+            unit.free()
+
+    def _schedule_finish(self):
+        if not self._finish_scheduled:
+            self._finish_scheduled = True
+            self.prefetcher.begin("backward")
+            queue_callback(self._finish)
+
+    def _finish(self):
+        """After backward: reduce the kept units; shards of units whose
+        backward did not run (no gradient reached them) get zeros."""
+        self._finish_scheduled = False
+        self.prefetcher.end()
+        for unit in self.units:
+            if unit.recompute:
+                if not unit.ran_backward and self._sync:
+                    for f in unit.flats:
+                        f.add_grad(f.xp.zeros_like(f.shard.data) if f.acc is None
+                                   else f.reduce(f.xp.zeros_like(f.acc), True))
+                continue
+            if unit.homes is None:
+                continue
+            for f, g in zip(unit.flats, unit.reduce_grads(self._sync)):
+                f.add_grad(g)
+            unit.free()
+
+    # Inside ``with fsdp.no_sync():`` each unit keeps its full local gradient;
+    # the first backward after the block reduces the accumulated sum.
+    no_sync = DataParallel.no_sync
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.module.train(mode)
+        return self
+
+    # -- parameters and gradients ----------------------------------------------------
+    def flats(self):
+        return [f for u in self.units for f in u.flats]
+
+    def param_groups(self, fn):
+        """Optimizer parameter groups: ``fn(name, param)`` returns a dict of
+        options for an original parameter (e.g. ``{"weight_decay": 0.0}`` for
+        biases and LayerNorm). A flat shard is updated as one tensor, so all
+        its parameters must get the same options; otherwise ValueError."""
+        groups = {}
+        for f in self.flats():
+            opts = [dict(fn(n, _Shape(s, f.dtype)) or {}) for n, s in zip(f.names, f.shapes)]
+            if any(o != opts[0] for o in opts):
+                table = ", ".join(f"{n}: {o}" for n, o in zip(f.names, opts))
+                raise ValueError("FSDP.param_groups: one flat shard holds parameters with "
+                                 f"different options ({table}); wrap them in separate units")
+            key = tuple(sorted(opts[0].items()))
+            groups.setdefault(key, []).append(f.shard)
+        return [{"params": shards, **dict(key)} for key, shards in groups.items()]
+
+    def clip_grad_norm_(self, max_norm):
+        """Scale the shards' gradients so their global 2-norm is at most
+        ``max_norm``; returns the norm before clipping (the same on all ranks)."""
+        local = sum(float((f.shard.grad.data.astype(np.float64) ** 2).sum())
+                    for f in self.flats() if f.shard.grad is not None)
+        total = math.sqrt(dist.allreduce(np.array(local), comm=self.comm).item())
+        scale = max_norm / (total + 1e-6)
+        if scale < 1.0:
+            for f in self.flats():
+                if f.shard.grad is not None:
+                    f.shard.grad.data *= scale
+        return total
+
+    # -- state -----------------------------------------------------------------------
+    def state_dict(self, rank0_only=False):
+        """The full state with the original model's keys (every rank, or rank 0 only)."""
+        for f in self.flats():
+            f.gather()
+        try:
+            state = Module.state_dict(self.module)
+        finally:
+            for f in self.flats():
+                f.free()
+        return {} if rank0_only and self.rank else state
+
+    def load_state_dict(self, state, strict=True):
+        """Load a full state (as ``state_dict`` returns) and keep this rank's shards."""
+        fulls = [(f, f.gather()) for f in self.flats()]
+        try:
+            result = Module.load_state_dict(self.module, state, strict=strict)
+            for f, full in fulls:
+                f.load_full(full)
+        finally:
+            for f, _ in fulls:
+                f.free()
+        return result
+
+    def sharded_state_dict(self):
+        """This rank's shards and the model's buffers, for a per-rank checkpoint."""
+        return {"world_size": self.size,
+                "shards": [np.array(f.shard.data, copy=True) for f in self.flats()],
+                "buffers": {k: np.array(b.data, copy=True)
+                            for k, b in self.module.named_buffers()}}
+
+    def load_sharded_state_dict(self, state):
+        if state["world_size"] != self.size or len(state["shards"]) != len(self.flats()):
+            raise ValueError(f"load_sharded_state_dict: saved by {state['world_size']} ranks "
+                             f"with {len(state['shards'])} shards, this model has {self.size} "
+                             f"ranks and {len(self.flats())} shards (load a full state instead)")
+        for f, arr in zip(self.flats(), state["shards"]):
+            if arr.shape != f.shard.shape:
+                raise ValueError(f"load_sharded_state_dict: shard of {f.names} has shape "
+                                 f"{arr.shape}, expected {f.shard.shape}")
+            f.shard.data[...] = f.xp.asarray(arr)
+        for k, b in self.module.named_buffers():
+            b.data[...] = xp_of(b.data).asarray(state["buffers"][k])
+
+    def optim_state_dict(self, opt):
+        """``opt``'s full state keyed by the original parameter names (collective)."""
+        return full_optim_state(self.flats(), opt)
+
+    def load_optim_state_dict(self, opt, state):
+        """Load a full optimizer state (``optim_state_dict``) into ``opt``'s shards."""
+        load_full_optim_state(self.flats(), opt, state)
+
+    def close(self):
+        """Give the model back its full parameters and its own forward and
+        state_dict methods; free the communicator (collective)."""
+        for f in self.flats():
+            f.gather()
+            for p in f.params:
+                p.grad_buffer = None
+                p.grad = None
+        for unit in self.units:
+            unit.module.__dict__.pop("forward", None)
+        for attr in ("state_dict", "load_state_dict"):
+            self.module.__dict__.pop(attr, None)
+        if self.comm is not None:
+            dist.free(self.comm)
+            self.comm = None
+
+
+class _Shape:
+    """What ``param_groups``' function sees of a parameter: its shape and dtype."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype, self.ndim = shape, dtype, len(shape)

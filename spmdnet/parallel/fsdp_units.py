@@ -1,0 +1,193 @@
+"""Shard units of ``FullyShardedDataParallel``: flat shards, gather, reduce-scatter.
+
+A ``Flat`` holds some parameters of one unit as ONE flat shard per rank: the
+parameters raveled one after the other, zero-padded to a multiple of the
+group size N, this rank's 1/N slice kept as a ``Parameter`` (what the
+optimizer updates). Between uses the original parameters hold zero-size
+arrays; ``gather`` all-gathers the shard into a fresh full array and points
+each parameter's ``.data`` at its view; ``free`` drops it again.
+
+A ``Unit`` is a module whose parameters form their own flats (the wrap
+policy), or the root. Wrapped units run through ``UnitRun``, one autograd
+``Function`` per call: its forward gathers, runs the module without
+recording a graph (no op can save a full parameter) and frees; its backward
+gathers again, re-runs the module's forward with a graph (activation
+recomputation, restoring the RNG state and the module's buffers, so dropout
+masks and running statistics are those of the first run), backpropagates the
+output gradient into a flat gradient buffer, reduce-scatters it (the mean
+over the group, as DataParallel) into the shard's gradient and frees.
+"""
+import math
+
+from .. import distributed as dist
+from .. import random as sn_random
+from .._tensor import Tensor
+from ..autograd import Function, enable_grad, no_grad
+from ..backend import xp_of
+from ..nn import Parameter
+
+
+class Flat:
+    """One flat shard: ``params`` (with ``names``) of one dtype, in order."""
+
+    def __init__(self, names, params, comm):
+        self.names, self.params, self.comm = names, params, comm
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.shapes = [tuple(p.shape) for p in params]
+        self.numels = [int(math.prod(s)) for s in self.shapes]
+        self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
+        self.numel = sum(self.numels)
+        self.shard_numel = -(-self.numel // self.size)  # ceil(numel / N)
+        first = params[0].data
+        self.xp, self.dtype = xp_of(first), first.dtype
+        full = self.xp.zeros(self.shard_numel * self.size, self.dtype)
+        for p, off, n in zip(params, self.offsets, self.numels):
+            full[off:off + n] = p.data.ravel()
+        lo = self.rank * self.shard_numel
+        self.shard = Parameter(full[lo:lo + self.shard_numel].copy())
+        self.acc = None  # the local full gradient kept across no_sync() steps
+        self.source = None  # a Prefetcher, set by FullyShardedDataParallel
+        self.free()
+
+    # -- parameters ------------------------------------------------------------------
+    def allgather(self, shard=None):
+        """A new full (padded) flat array: every rank's shard (or ``shard``, an
+        array of the shard's shape such as an optimizer state), in rank order."""
+        shard = self.shard.data if shard is None else shard
+        if self.size == 1:
+            return shard.copy()
+        return dist.allgather(shard, comm=self.comm).reshape(-1)
+
+    def gather(self):
+        """All-gather the shard (through ``source``, the prefetcher, when set);
+        point every parameter at its view. Returns the full array."""
+        full = self.source.fetch(self) if self.source is not None else self.allgather()
+        self.view(full)
+        return full
+
+    def view(self, full):
+        for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
+            p.data = full[off:off + n].reshape(shape)
+
+    def free(self):
+        """Full parameters and gradients dropped: zero-size arrays remain."""
+        for p in self.params:
+            p.data = self.xp.empty(0, self.dtype)
+            p.grad_buffer = None
+            p.grad = None
+
+    def load_full(self, full):
+        """Keep this rank's slice of a full flat array as the shard."""
+        lo = self.rank * self.shard_numel
+        self.shard.data[...] = full[lo:lo + self.shard_numel]
+
+    # -- gradients -------------------------------------------------------------------
+    def grad_homes(self):
+        """A zero flat gradient buffer; each parameter's ``grad_buffer`` a view of it."""
+        flat = self.xp.zeros(self.shard_numel * self.size, self.dtype)
+        for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
+            p.grad = None
+            p.grad_buffer = Tensor(flat[off:off + n].reshape(shape))
+        return flat
+
+    def reduce(self, flat, sync):
+        """This rank's slice of the mean of ``flat`` over the group (None when
+        ``sync`` is False: the local gradient is kept for the next sync step)."""
+        for p, off, n in zip(self.params, self.offsets, self.numels):
+            if p.grad is not None and p.grad.data is not p.grad_buffer.data:
+                flat[off:off + n] = p.grad.data.ravel()  # a replaced .grad
+        if self.acc is not None:
+            flat += self.acc
+            self.acc = None
+        if not sync:
+            self.acc = flat
+            return None
+        if self.size == 1:
+            return flat
+        out = dist.reduce_scatter(flat, op="sum", comm=self.comm)
+        out *= 1.0 / self.size
+        return out
+
+    def add_grad(self, g):
+        """Accumulate a reduced gradient slice into the shard's ``.grad``."""
+        if g is None:
+            return
+        if self.shard.grad is None:
+            self.shard.grad = Tensor(g)
+        else:
+            self.shard.grad.data += g
+
+
+class Unit:
+    """A module whose own parameters (not those of nested units) form flats."""
+
+    def __init__(self, name, module, flats, recompute):
+        self.name, self.module, self.flats, self.recompute = name, module, flats, recompute
+        self.forward = type(module).forward.__get__(module)
+        self.homes = None  # flat gradient buffers while a graph holds the full parameters
+        self.ran_backward = False
+
+    def gather(self):
+        for f in self.flats:
+            f.gather()
+
+    def free(self):
+        for f in self.flats:
+            f.free()
+
+    def open_grads(self):
+        self.homes = [f.grad_homes() for f in self.flats]
+
+    def reduce_grads(self, sync):
+        """Reduce-scatter the flat gradients; returns the slices (None: no_sync)."""
+        homes, self.homes = self.homes, None
+        return [f.reduce(h, sync) for f, h in zip(self.flats, homes)]
+
+
+def _buffers_snapshot(module):
+    return [(b, b.data.copy()) for b in module.buffers()]
+
+
+class UnitRun(Function):
+    """Run a wrapped unit: forward without a graph, backward by recomputation."""
+
+    def forward(self, *arrays, unit=None, n_shards=0, kwargs=None, owner=None):
+        self.unit, self.kwargs, self.owner = unit, kwargs or {}, owner
+        self.inputs = arrays[n_shards:]
+        self.rng = sn_random.get_rng_state()
+        unit.gather()
+        try:
+            with no_grad():
+                out = unit.forward(*[Tensor(x) for x in self.inputs], **self.kwargs)
+        finally:
+            unit.free()
+        owner.prefetcher.poke()
+        if not isinstance(out, Tensor):
+            raise TypeError(f"FSDP unit {unit.name!r} must return one Tensor, "
+                            f"got {type(out).__name__}")
+        return out.data
+
+    def backward(self, g):
+        unit, owner = self.unit, self.owner
+        n = len(unit.flats)
+        needs = self.needs_input_grad[n:]
+        kept_rng, buffers = sn_random.get_rng_state(), _buffers_snapshot(unit.module)
+        unit.gather()
+        unit.open_grads()
+        try:
+            sn_random.set_rng_state(self.rng)
+            xs = [Tensor(x, requires_grad=need) for x, need in zip(self.inputs, needs)]
+            with enable_grad():
+                out = unit.forward(*xs, **self.kwargs)
+            owner.prefetcher.poke()
+            if out.requires_grad:
+                out.backward(g)
+        finally:
+            sn_random.set_rng_state(kept_rng)
+            for b, saved in buffers:
+                b.data[...] = saved
+        slices = unit.reduce_grads(owner._sync)
+        unit.free()
+        unit.ran_backward = True
+        xgrads = tuple(None if x.grad is None else x.grad.data for x in xs)
+        return tuple(slices) + xgrads
