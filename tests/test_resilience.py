@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import h5py
 import numpy as np
@@ -51,12 +50,11 @@ def test_signal_to_one_rank_stops_all_at_one_step(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
-        pids = []
-        while time.time() < deadline and len(pids) < 2:  # wait until training runs
-            time.sleep(0.5)
-            pids = _python_children(proc.pid, str(TRAIN))
-        time.sleep(2.0)
+        for line in proc.stdout:  # the first epoch's line: every rank's handler is in place
+            if line.startswith("epoch"):
+                break
+        pids = _python_children(proc.pid, str(TRAIN))
+        assert len(pids) == 2, pids
         os.kill(pids[-1], signal.SIGUSR1)  # one rank only
         out, err = proc.communicate(timeout=60)
     finally:
