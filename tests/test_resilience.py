@@ -66,7 +66,7 @@ def test_signal_to_one_rank_stops_all_at_one_step(tmp_path):
 
 
 def _python_children(root_pid, marker):
-    """PIDs of processes under root_pid whose command line contains marker."""
+    """PIDs of the processes under root_pid whose command line contains marker."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -75,9 +75,23 @@ def _python_children(root_pid, marker):
             cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
         except OSError:
             continue
-        if marker in cmdline and sys.executable in cmdline and "mpiexec" not in cmdline:
+        if marker in cmdline and sys.executable in cmdline and "mpiexec" not in cmdline \
+                and _descends_from(int(pid), root_pid):
             found.append(int(pid))
     return sorted(found)
+
+
+def _descends_from(pid, root_pid):
+    """Whether root_pid is an ancestor of pid (other jobs may run the same script)."""
+    while pid > 1:
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's pid
+        if pid == root_pid:
+            return True
+    return False
 
 
 SLEEPER = textwrap.dedent("""
