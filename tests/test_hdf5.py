@@ -412,7 +412,7 @@ def test_read_idx_and_make_mnist(tmp_path, gz):
 
     out = datasets.make_mnist(ipath, lpath, tmp_path / "mnist.h5", comm=Solo())
     x, y = HDF5Dataset(out)[np.arange(6)]
-    np.testing.assert_allclose(x, images.reshape(6, 20) / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(x, images[:, None] / 255.0, rtol=1e-6)  # (N, 1, H, W)
     assert x.dtype == np.float32 and y.dtype == np.int64 and y.tolist() == labels.tolist()
 
 

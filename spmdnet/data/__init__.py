@@ -1,6 +1,6 @@
 """Data: HDF5 datasets, the distributed sampler, the prefetching loader,
 exact evaluation, and dataset writers."""
-from . import datasets
+from . import datasets, transforms
 from .array import ArrayDataset
 from .evaluation import evaluate, shard_indices
 from .hdf5 import HDF5Dataset, check_same_features
@@ -9,4 +9,4 @@ from .progressbar import progress
 from .sampler import DistributedSampler
 
 __all__ = ["ArrayDataset", "HDF5Dataset", "check_same_features", "DistributedSampler",
-           "DataLoader", "progress", "evaluate", "shard_indices", "datasets"]
+           "DataLoader", "progress", "evaluate", "shard_indices", "datasets", "transforms"]

@@ -1,5 +1,10 @@
 """Datasets written as HDF5 files: the UCI handwritten digits kept in the
-package, MNIST-format IDX files, and synthetic data of any size.
+package, MNIST / Fashion-MNIST IDX files, the CIFAR-10 batches (binary and
+python versions), and synthetic data of any size.
+
+Images are stored ``(N, C, H, W)`` (``layout="image"``, the default of the
+MNIST and CIFAR writers) or flattened to ``(N, C*H*W)`` (``layout="flat"``,
+the default of ``make_digits``, whose callers are MLPs).
 
 Files are written by rank 0 to a temporary name and renamed into place
 (a crash never leaves a half-written file under the final name); the other
@@ -7,7 +12,10 @@ ranks wait at a barrier. Every file holds ``x`` (float32, scaled to [0, 1])
 and ``y`` (int64 labels).
 """
 import gzip
+import importlib
+import io
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +56,21 @@ def _write_atomically(path, fill):
             tmp.unlink()
 
 
-def digits():
-    """The 1,797 8x8 UCI optical-recognition digits: x (n, 64) in [0, 1], y."""
+def digits(layout="flat"):
+    """The 1,797 8x8 UCI optical-recognition digits: x (n, 64), or (n, 1, 8, 8)
+    with ``layout="image"``, in [0, 1]; y."""
     with np.load(DIGITS_NPZ) as d:
-        x = d["images"].reshape(len(d["images"]), -1).astype(np.float32) / 16.0
-        return x, d["labels"].astype(np.int64)
+        x = d["images"].astype(np.float32) / 16.0
+        return _layout(x[:, None], layout), d["labels"].astype(np.int64)
+
+
+def _layout(x, layout):
+    """(N, C, H, W) images as stored: unchanged ("image") or flattened ("flat")."""
+    if layout == "image":
+        return x
+    if layout == "flat":
+        return x.reshape(len(x), -1)
+    raise ValueError(f"layout must be 'image' or 'flat', got {layout!r}")
 
 
 def split(x, y, test_fraction, seed):
@@ -63,12 +81,13 @@ def split(x, y, test_fraction, seed):
     return (x[train], y[train]), (x[test], y[test])
 
 
-def make_digits(out_dir, test_fraction=0.2, seed=0, comm=None):
-    """digits_train.h5 and digits_test.h5 in ``out_dir``; returns both paths."""
-    (xtr, ytr), (xte, yte) = split(*digits(), test_fraction, seed)
-    out = Path(out_dir)
-    return (write_hdf5(out / "digits_train.h5", xtr, ytr, comm),
-            write_hdf5(out / "digits_test.h5", xte, yte, comm))
+def make_digits(out_dir, test_fraction=0.2, seed=0, comm=None, layout="flat"):
+    """digits_train.h5 and digits_test.h5 in ``out_dir`` (digits_images_*.h5
+    with ``layout="image"``); returns both paths."""
+    (xtr, ytr), (xte, yte) = split(*digits(layout), test_fraction, seed)
+    out, name = Path(out_dir), "digits" if layout == "flat" else "digits_images"
+    return (write_hdf5(out / f"{name}_train.h5", xtr, ytr, comm),
+            write_hdf5(out / f"{name}_test.h5", xte, yte, comm))
 
 
 def read_idx(path):
@@ -98,14 +117,116 @@ def read_idx(path):
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
 
 
-def make_mnist(images, labels, out_path, comm=None):
-    """An HDF5 file from MNIST-format IDX images and labels; returns its path."""
+def make_mnist(images, labels, out_path, comm=None, layout="image"):
+    """An HDF5 file from MNIST or Fashion-MNIST IDX images (N, H, W) and
+    labels: x (N, 1, H, W) in [0, 1] (``layout="flat"``: (N, H*W)); returns its path."""
     x = read_idx(images)
     y = read_idx(labels).astype(np.int64)
     if len(x) != len(y):
         raise ValueError(f"{images} has {len(x)} images but {labels} has {len(y)} labels")
-    x = x.reshape(len(x), -1).astype(np.float32) / 255.0
+    if x.ndim != 3:
+        raise ValueError(f"{images} holds a {x.ndim}-d array of shape {x.shape}, not "
+                         "(N, H, W) images")
+    x = _layout(x[:, None].astype(np.float32) / 255.0, layout)
     return write_hdf5(out_path, x, y, comm)
+
+
+make_fashion_mnist = make_mnist  # the same IDX format, 28x28 grey images
+
+
+# -- CIFAR-10 -----------------------------------------------------------------------------
+CIFAR_SHAPE = (3, 32, 32)
+_CIFAR_RECORD = 1 + 3 * 32 * 32  # the binary version: a label byte, then R, G, B planes
+
+
+def read_cifar10_bin(path):
+    """x uint8 (N, 3, 32, 32) and y int64 from a binary CIFAR-10 batch
+    (``data_batch_N.bin``: records of 1 label byte + 3072 pixel bytes)."""
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size == 0 or raw.size % _CIFAR_RECORD:
+        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of "
+                         f"{_CIFAR_RECORD}-byte CIFAR-10 records (truncated?)")
+    records = raw.reshape(-1, _CIFAR_RECORD)
+    return records[:, 1:].reshape((-1,) + CIFAR_SHAPE), records[:, 0].astype(np.int64)
+
+
+# The only globals a pickled NumPy array needs (NumPy 1 names and NumPy 2 names).
+_NUMPY_GLOBALS = {
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, tuples, bytes, str, numbers and NumPy arrays only:
+    every global a pickle names is refused except NumPy's array
+    reconstruction functions, so a pickle cannot call ``os.system`` or build
+    arbitrary objects."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("_codecs", "encode"):  # bytes in a protocol-2 pickle of Python 3
+            return _latin1_bytes
+        if (module, name) not in _NUMPY_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"refusing to load global {module}.{name}: only dicts, lists, bytes, str, "
+                "numbers and NumPy arrays are allowed")
+        if hasattr(np, "_core"):  # NumPy 2 renamed numpy.core (still importable, deprecated)
+            module = module.replace("numpy.core.", "numpy._core.")
+        return getattr(importlib.import_module(module), name)
+
+
+def _latin1_bytes(text, encoding):
+    """``_codecs.encode`` as protocol-2 pickles use it, for bytes only."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError(f"refusing _codecs.encode({type(text).__name__}, "
+                                     f"{encoding!r}): only latin1 bytes are allowed")
+    return text.encode("latin1")
+
+
+def restricted_load(data):
+    """``pickle.loads`` through ``RestrictedUnpickler`` (bytes keys and strings
+    kept as bytes, as Python 2 pickles such as CIFAR-10's need)."""
+    return RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+
+
+def read_cifar10_pickle(path):
+    """x uint8 (N, 3, 32, 32) and y int64 from a python-version CIFAR-10 batch
+    (a pickled dict with b"data" (N, 3072) and b"labels"), read through
+    ``RestrictedUnpickler``."""
+    try:
+        d = restricted_load(Path(path).read_bytes())
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    if not isinstance(d, dict) or b"data" not in d or b"labels" not in d:
+        raise ValueError(f"{path} is not a CIFAR-10 python batch: expected a dict with "
+                         f"b'data' and b'labels', got {type(d).__name__}")
+    x, y = np.asarray(d[b"data"], dtype=np.uint8), np.asarray(d[b"labels"], dtype=np.int64)
+    if x.ndim != 2 or x.shape[1] != np.prod(CIFAR_SHAPE) or len(x) != len(y):
+        raise ValueError(f"{path}: b'data' of shape {x.shape} and {len(y)} labels are not "
+                         f"N rows of {np.prod(CIFAR_SHAPE)} pixels and N labels")
+    return x.reshape((-1,) + CIFAR_SHAPE), y
+
+
+def read_cifar10(path):
+    """A CIFAR-10 batch of either version: ``*.bin`` binary, otherwise pickled."""
+    return (read_cifar10_bin if str(path).endswith(".bin") else read_cifar10_pickle)(path)
+
+
+def make_cifar10(batches, out_path, comm=None, layout="image"):
+    """An HDF5 file from CIFAR-10 batch files (one path or a list, e.g. the
+    five ``data_batch_N[.bin]``; or ``test_batch[.bin]``): x float32
+    (N, 3, 32, 32) in [0, 1] (``layout="flat"``: (N, 3072)), y int64; returns its path."""
+    comm = dist.comm_or_default(comm)
+    batches = [batches] if isinstance(batches, (str, os.PathLike)) else list(batches)
+    if comm.Get_rank() == 0:
+        parts = [read_cifar10(p) for p in batches]
+        x = _layout(np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0, layout)
+        _write_atomically(out_path, lambda f: _fill(f, x, np.concatenate([p[1] for p in parts]),
+                                                    None))
+    dist.barrier(comm)
+    return str(out_path)
 
 
 def synthetic(n, features=784, classes=10, seed=0):

@@ -13,6 +13,11 @@ is the sampler's state advanced past those batches (once a pass has
 delivered every batch, the next epoch from its start); with any other
 sampler, the number of batches the next pass skips.
 
+``transform`` (see ``data.transforms``) is applied to each batch's ``x``
+after its upload, with a generator seeded from the sampler's seed and epoch,
+the rank and the batch's position in the epoch: the same batches, augmented
+the same way, on a rerun and after a resume.
+
 A dataset held in memory (``HDF5Dataset.cached``) on a CPU rank is read
 inline, without the thread: a batch is then a fancy index taking
 microseconds, less than handing it between threads, and the thread would
@@ -27,6 +32,7 @@ import numpy as np
 
 from .. import backend
 from ..distributed import bound_device
+from .transforms import batch_seed
 
 _DONE = object()
 
@@ -39,15 +45,18 @@ class _Failure:
 class DataLoader:
     """Iterate ``(x, y)`` batches of ``ds`` in the order of ``sampler``
     (default: every index in order); ``drop_last`` drops a short last batch;
-    ``device`` is "cpu", "gpu" or None (the rank's device from ``dist``)."""
+    ``device`` is "cpu", "gpu" or None (the rank's device from ``dist``);
+    ``transform(x, rng)`` maps each batch (e.g. ``transforms.RandomCrop``)."""
 
-    def __init__(self, ds, batch_size, sampler=None, drop_last=False, prefetch=2, device=None):
+    def __init__(self, ds, batch_size, sampler=None, drop_last=False, prefetch=2, device=None,
+                 transform=None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if prefetch < 0:
             raise ValueError(f"prefetch must be non-negative, got {prefetch}")
         self.dataset, self.batch_size, self.sampler = ds, int(batch_size), sampler
         self.drop_last, self.prefetch, self.device = drop_last, int(prefetch), device
+        self.transform = transform
         self.wait_s = 0.0
         # the current or last pass: [sampler state at its start, batches, delivered]
         self._pass = None
@@ -77,17 +86,29 @@ class DataLoader:
             return self.device
         return bound_device()
 
-    def _load(self, index, device):
+    def _load(self, index, device, seed_key=None):
         x, y = self.dataset[index]
         if device == "gpu":
-            return backend.upload(x), (None if y is None else backend.upload(y))
+            x, y = backend.upload(x), (None if y is None else backend.upload(y))
+        if self.transform is not None:
+            x = self.transform(x, batch_seed(*seed_key))
         return x, y
+
+    def _seed_keys(self, first, count):
+        """(seed, epoch, rank, position in the rank's epoch) of batches
+        first..first+count-1 of this pass, taken when the pass starts."""
+        s = self.sampler
+        seed, epoch, rank = (int(getattr(s, k, 0)) for k in ("seed", "epoch", "rank"))
+        base = int(getattr(s, "start_index", 0))
+        return [(seed, epoch, rank, base + (first + k) * self.batch_size) for k in range(count)]
 
     def __iter__(self):
         batches, device = self.batches(), self._device()
         start = self._sampler_state()
         self._pass = [start, len(batches), self._skip]
-        batches, self._skip = batches[self._skip:], 0
+        batches = list(zip(batches[self._skip:],
+                           self._seed_keys(self._skip, len(batches) - self._skip)))
+        self._skip = 0
         if self.prefetch == 0 or (device == "cpu" and getattr(self.dataset, "cached", False)):
             items = self._iterate_inline(batches, device)
         else:
@@ -100,9 +121,9 @@ class DataLoader:
             items.close()  # a loop that breaks out stops the reader thread now
 
     def _iterate_inline(self, batches, device):
-        for index in batches:
+        for index, seed_key in batches:
             t0 = time.perf_counter()
-            item = self._load(index, device)
+            item = self._load(index, device, seed_key)
             self.wait_s += time.perf_counter() - t0
             yield item
 
@@ -111,10 +132,10 @@ class DataLoader:
 
         def work():
             try:
-                for index in batches:
+                for index, seed_key in batches:
                     if stop.is_set():
                         return
-                    ready.put(self._load(index, device))
+                    ready.put(self._load(index, device, seed_key))
                 ready.put(_DONE)
             except BaseException as exc:  # re-raised in the training loop
                 ready.put(_Failure(exc))
