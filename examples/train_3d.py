@@ -13,6 +13,11 @@ runs over ``mesh.dp``), and evaluation runs the pipeline's inference forward.
 The same seed gives the weights of the serial model, so --tp 1 --pp 1 trains
 exactly what examples/train_mlp.py trains. Exits 1 when the test accuracy is
 below --min-accuracy. Also runs as plain `python` with --tp 1 --pp 1.
+
+--fsdp (with --pp 1): FullyShardedDataParallel over ``mesh.dp`` instead of
+DataParallel, every Linear (tensor-parallel ones too) its own shard unit:
+parameters, gradients and optimizer state 1/dp per rank, TP slices staying
+TP slices.
 """
 import argparse
 import time
@@ -33,6 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--pp", type=cli.positive_int, default=2, help="pipeline stages")
     p.add_argument("--micro-batches", type=cli.positive_int, default=4,
                    help="per step, with --pp > 1")
+    p.add_argument("--fsdp", action="store_true",
+                   help="data parallelism by FullyShardedDataParallel (with --pp 1)")
     p.set_defaults(epochs=10)
     return p.parse_args(argv)
 
@@ -53,6 +60,12 @@ def build_blocks(in_features, hidden, classes, dropout, mesh):
             [nn.Linear(hidden, classes)]]
 
 
+def _is_linear(module):
+    """FSDP's wrap policy: every Linear layer, tensor-parallel or not, is a unit."""
+    return isinstance(module, (nn.Linear, parallel.ColumnParallelLinear,
+                               parallel.RowParallelLinear))
+
+
 class Net:
     """This rank's part of the model: its pipeline stage, data parallel over
     ``mesh.dp``, run through a GPipe pipeline over ``mesh.pp`` when pp > 1."""
@@ -65,7 +78,11 @@ class Net:
         bounds = np.linspace(0, len(blocks), mesh.pp_size + 1).round().astype(int)
         mine = blocks[bounds[mesh.pp_rank]:bounds[mesh.pp_rank + 1]]
         self.module = nn.Sequential(*[m for block in mine for m in block])
-        self.ddp = parallel.DataParallel(self.module, comm=mesh.dp)
+        self.fsdp = args.fsdp
+        if self.fsdp and mesh.pp_size > 1:
+            raise SystemExit("--fsdp runs with --pp 1 (no pipeline of FSDP stages)")
+        self.ddp = parallel.FullyShardedDataParallel(self.module, comm=mesh.dp, wrap=_is_linear) \
+            if self.fsdp else parallel.DataParallel(self.module, comm=mesh.dp)
         self.pipe = parallel.Pipeline(self.ddp, mesh.pp, args.micro_batches) \
             if mesh.pp_size > 1 else None
 
@@ -84,7 +101,11 @@ class Net:
     def __call__(self, x):  # evaluation: the logits of the whole model
         if self.pipe is not None:
             return sn.Tensor(self.pipe.infer(x))
-        return self.module(x)
+        return self.ddp(x) if self.fsdp else self.module(x)  # FSDP: gathered unit by unit
+
+    def parameters(self):
+        """What the optimizer updates: the model's parameters, or FSDP's flat shards."""
+        return self.ddp.parameters() if self.fsdp else self.module.parameters()
 
     @property
     def training(self):
@@ -113,13 +134,13 @@ def main(argv=None):
     sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True, comm=mesh.dp)
     loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
     global_batch = args.batch_size * mesh.dp_size
-    opt = optim.SGD(net.module.parameters(), lr=args.lr * global_batch / REFERENCE_BATCH,
+    opt = optim.SGD(net.parameters(), lr=args.lr * global_batch / REFERENCE_BATCH,
                     momentum=0.9, weight_decay=1e-4)
     steps = max(1, args.epochs * len(loader))
     sched = optim.lr_scheduler.WarmupCosine(opt, min(len(loader), steps), steps)
     dist.print0(f"{world.size} ranks (dp {mesh.dp_size} x tp {mesh.tp_size} x pp "
-                f"{mesh.pp_size}), {len(train_set)} training samples, global batch "
-                f"{global_batch}, {len(loader)} steps/epoch")
+                f"{mesh.pp_size}){', FSDP' if args.fsdp else ''}, {len(train_set)} training "
+                f"samples, global batch {global_batch}, {len(loader)} steps/epoch")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         losses, t0 = [], time.perf_counter()

@@ -19,6 +19,8 @@ state and rank 0's is saved. With a ``mesh`` whose tensor- or pipeline-
 parallel size is above 1, ranks hold different parts: every rank's state is
 gathered to rank 0 and saved under ``rank<r>/``, and only the same layout
 can load it (use ``parallel.gather_state_dict`` to export a serial model).
+An FSDP model saves its full state and ``fsdp.optim_state_dict`` (every
+rank's optimizer shards gathered, keyed by parameter name); loading shards them.
 """
 import functools
 import io
@@ -47,6 +49,11 @@ def _h5py():
 def _unwrap(model):
     """The module inside a DataParallel (its state is the model's state)."""
     return getattr(model, "module", model)
+
+
+def _is_fsdp(model):
+    """A FullyShardedDataParallel model: its optimizer state is gathered by name."""
+    return hasattr(model, "optim_state_dict") and hasattr(model, "load_optim_state_dict")
 
 
 def _layout(comm, mesh):
@@ -153,8 +160,9 @@ def _is_sharded(mesh):
 def _local_states(model, optimizer):
     """(model state, optimizer state or None) of this rank (collective for
     optimizers whose state_dict gathers, e.g. ZeroRedundancyOptimizer)."""
-    return (_unwrap(model).state_dict(),
-            optimizer.state_dict() if optimizer is not None else None)
+    model_state = _unwrap(model).state_dict()
+    return model_state, None if optimizer is None else model.optim_state_dict(optimizer) \
+        if _is_fsdp(model) else optimizer.state_dict()  # FSDP: every rank's shards, by name
 
 
 def _write(target, states, meta):
@@ -198,6 +206,8 @@ def _fsync(path):
 
 def _write_optimizer(f, state):
     f.attrs["optimizer_groups"] = json.dumps(state["param_groups"])
+    by_name = any(isinstance(p, str) for g in state["param_groups"] for p in g["params"])
+    f.attrs["optimizer_by_name"] = by_name
     for index, entries in state["state"].items():
         for key, value in entries.items():
             _put(f, f"optimizer/{index}/{key}", value)
@@ -229,6 +239,8 @@ def _param_names(model, optimizer):
     """{optimizer state index: parameter name} (``#i`` where unknown)."""
     if optimizer is None:
         return {}
+    if _is_fsdp(model):  # the optimizer state is keyed by name already
+        return {n: n for f in model.flats() for n in f.names}
     names = {id(p): name for name, p in _unwrap(model).named_parameters()}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return {i: names.get(id(p), f"#{i}") for i, p in enumerate(params)}
@@ -296,8 +308,13 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, comm=None, mes
         steps = comm.allgather(meta["step"])
     if len(set(steps)) != 1:
         raise CheckpointError(f"ranks loaded different steps from {path}: {steps}")
+    if optimizer is not None and opt_state is not None and _is_fsdp(model) and not all(
+            isinstance(p, str) for g in opt_state["param_groups"] for p in g["params"]):
+        raise CheckpointError(f"{path}: optimizer state not saved from an FSDP model")
     _unwrap(model).load_state_dict(model_state)
-    if optimizer is not None and opt_state is not None:
+    if optimizer is not None and opt_state is not None and _is_fsdp(model):
+        model.load_optim_state_dict(optimizer, opt_state)  # this rank's slices
+    elif optimizer is not None and opt_state is not None:
         optimizer.load_state_dict(opt_state)
     sn_random.set_rng_state(meta["rng"][comm.Get_rank()])
     if sampler is not None and meta["sampler"] is not None:
@@ -348,9 +365,10 @@ def _get(ds, path, allow_nonfinite):
 
 def _read_optimizer(f, get):
     state = {}
+    key = str if f.attrs.get("optimizer_by_name", False) else int
     if "optimizer" in f:
         for index, group in f["optimizer"].items():
-            state[int(index)] = {k: _scalar_or_array(get(v)) for k, v in group.items()}
+            state[key(index)] = {k: _scalar_or_array(get(v)) for k, v in group.items()}
     groups = json.loads(f.attrs["optimizer_groups"])
     for group in groups:  # JSON made tuples (betas) into lists
         group.update({k: tuple(v) for k, v in group.items() if k != "params" and

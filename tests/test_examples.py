@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from spmdnet import cli
+from spmdnet.data import datasets
 from tests.helpers.launch import ROOT, load_example, run_mpi
+from tests.test_hdf5 import Solo
 
 
 def test_compute_pi_on_four_ranks():
@@ -66,6 +68,23 @@ def test_train_3d_without_tp_and_pp_trains_what_train_mlp_trains(tmp_path):
     assert len(epochs(out_mlp)) == 2 and epochs(out_3d) == epochs(out_mlp)
 
 
+def test_train_3d_with_fsdp_trains_what_data_parallel_trains(tmp_path):
+    """--fsdp (FSDP over mesh.dp x TP 2) passes its check with the epoch losses
+    and accuracies of DataParallel over the same mesh (the same mathematics)."""
+    common = ["--tp", "2", "--pp", "1", "--epochs", "6", "--data-dir", tmp_path]
+    code, out_fsdp, err, _ = run_mpi(4, ROOT / "examples/train_3d.py", "--fsdp", *common,
+                                     timeout=300)
+    assert code == 0, err
+    assert "(dp 2 x tp 2 x pp 1), FSDP" in out_fsdp and "accuracy check passed" in out_fsdp
+    code, out_ddp, err, _ = run_mpi(4, ROOT / "examples/train_3d.py", *common, timeout=300)
+    assert code == 0, err
+
+    def epochs(out):  # the epoch lines without their samples/s
+        return [line.rsplit(")", 1)[0] for line in out.splitlines() if line.startswith("epoch")]
+
+    assert len(epochs(out_fsdp)) == 6 and epochs(out_fsdp) == epochs(out_ddp)
+
+
 def test_tensor_parallel_demo_matches_dense():
     code, out, err, _ = run_mpi(2, ROOT / "examples/tensor_parallel_mlp.py", timeout=120)
     assert code == 0, err
@@ -98,6 +117,24 @@ def test_train_cnn_with_sync_batchnorm_passes_its_check(tmp_path):
     assert code == 0, err
     assert re.search(r"epoch 2: loss [0-9.]+, accuracy 0\.9[5-9]", out), out
     assert "accuracy check passed" in out
+
+
+def test_train_cnn_cifar_net_on_a_converted_cifar_file(tmp_path):
+    """--model cifar-net --data on a tiny CIFAR-shaped file written from the
+    binary batch format, with augmentation, on 2 ranks."""
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 32), ("test", 8)):
+        records = rng.integers(0, 256, (n, 3073), dtype=np.uint8)
+        records[:, 0] %= 10
+        (tmp_path / f"{name}.bin").write_bytes(records.tobytes())
+        datasets.make_cifar10(tmp_path / f"{name}.bin", tmp_path / f"{name}.h5",
+                              comm=Solo())
+    code, out, err, _ = run_mpi(2, ROOT / "examples/train_cnn.py", "--model", "cifar-net",
+                                "--data", tmp_path / "train.h5", "--test-data",
+                                tmp_path / "test.h5", "--epochs", "1", "--batch-size", "4",
+                                "--augment", "--min-accuracy", "0", timeout=120)
+    assert code == 0, err
+    assert re.search(r"epoch 0: loss [0-9.]+, accuracy [0-9.]+", out), out
 
 
 def test_progress_bar_on_a_terminal_only(tmp_path):
@@ -156,7 +193,8 @@ BAD_OPTIONS = [
     ("train_3d", "--epochs", "-1"), ("train_3d", "--hidden", "0"), ("train_3d", "--lr", "-1"),
     ("train_ddp", "--epochs", "-1"), ("train_ddp", "--batch-size", "0"),
     ("train_ddp", "--min-accuracy", "-0.5"), ("train_cnn", "--batch-size", "0"),
-    ("train_cnn", "--lr", "-1"), ("compute_pi", "--intervals", "0"),
+    ("train_cnn", "--lr", "-1"), ("train_cnn", "--model", "resnet"),
+    ("compute_pi", "--intervals", "0"),
     ("tensor_parallel_mlp", "--tp", "-1"), ("tensor_parallel_mlp", "--hidden", "0"),
     ("tensor_parallel_mlp", "--tolerance", "-1"), ("train_mlp", "--epochs", "abc"),
 ]

@@ -64,6 +64,13 @@ def _describe(entry):
     return f"{name!r} shape {shape} dtype {dtype}"
 
 
+def nonfinite_mode(nonfinite):
+    """The ``nonfinite=`` option checked ("ignore", "raise" or "skip"; None: "ignore")."""
+    if nonfinite not in (None, "ignore", "raise", "skip"):
+        raise ValueError(f"nonfinite must be 'ignore', 'raise' or 'skip', got {nonfinite!r}")
+    return nonfinite or "ignore"
+
+
 def nonfinite_params(bucket, names):
     """Names of the bucket's parameters whose local gradient has NaN or Inf."""
     xp = xp_of(bucket.buffer)
@@ -99,9 +106,7 @@ class DataParallel(Module):
         super().__init__()
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
-        if nonfinite not in ("ignore", "raise", "skip"):
-            raise ValueError(f"nonfinite must be 'ignore', 'raise' or 'skip', got {nonfinite!r}")
-        self.nonfinite, self.steps, self.skipped_steps = nonfinite, 0, 0
+        self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         self.module = model
         world = dist.init() if comm is None else dist.world()
         base = comm if comm is not None else world.comm
@@ -296,12 +301,15 @@ class DataParallel(Module):
         where = f"non-finite gradient at step {self.steps - 1}: " + ", ".join(table)
         if self.nonfinite == "raise":
             raise NonFiniteError(where)
-        for bucket in self.buckets:
-            for p in bucket.params:
-                p.grad = None
+        self._drop_grads()
         self.skipped_steps += 1
         if self.comm.Get_rank() == 0:
             dist.get_logger().warning("%s; step skipped on every rank", where)
+
+    def _drop_grads(self):
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.grad = None
 
     def close(self):
         """Remove the hooks, stop the communication thread, free the communicator."""

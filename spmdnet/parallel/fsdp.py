@@ -29,7 +29,8 @@ from .._tensor import Tensor
 from ..backend import xp_of
 from ..autograd import is_grad_enabled, queue_callback
 from ..nn.module import Module
-from .data_parallel import DataParallel, _BackwardSentinel, check_same_parameters
+from .data_parallel import (DataParallel, _BackwardSentinel, check_same_parameters,
+                            nonfinite_mode)
 from .fsdp_prefetch import Prefetcher
 from .fsdp_state import full_optim_state, load_full_optim_state
 from .fsdp_units import Flat, Unit, UnitRun
@@ -80,11 +81,15 @@ class FullyShardedDataParallel(Module):
     their own shard units. ``reshard_after_forward=False`` keeps every unit's
     full parameters from its forward to the end of backward (no
     recomputation, more memory). ``prefetch``: start the next unit's
-    all-gather while this one computes (``fsdp_prefetch``).
+    all-gather while this one computes (``fsdp_prefetch``). ``nonfinite``:
+    as DataParallel's ("ignore"/None, "raise" or "skip"), local gradients
+    checked before their reduce-scatter, the decision agreed by all ranks.
     """
 
-    def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True):
+    def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True,
+                 nonfinite="ignore"):
         super().__init__()
+        self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         world = dist.init() if comm is None else dist.world()
         base = comm if comm is not None else world.comm
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -115,6 +120,7 @@ class FullyShardedDataParallel(Module):
         for i, unit in enumerate(self.units):
             for j, f in enumerate(unit.flats):
                 f.source = self.prefetcher
+                f.bad = [] if self.nonfinite != "ignore" else None
                 self.register_parameter(f"shard_{i}_{j}", f.shard)
 
     def _flats(self, uname, params):
@@ -194,6 +200,21 @@ class FullyShardedDataParallel(Module):
             for f, g in zip(unit.flats, unit.reduce_grads(self._sync)):
                 f.add_grad(g)
             unit.free()
+        if self._sync:
+            self.steps += 1
+            if self.nonfinite != "ignore":
+                self._bad = [n for f in self.flats() for n in f.bad]
+                for f in self.flats():
+                    f.bad.clear()
+                self._handle_nonfinite()
+
+    # A non-finite local gradient: NonFiniteError on every rank, or every rank
+    # drops its shards' gradients (the optimizer skips the step), as DataParallel.
+    _handle_nonfinite = DataParallel._handle_nonfinite
+
+    def _drop_grads(self):
+        for f in self.flats():
+            f.shard.grad = None
 
     # Inside ``with fsdp.no_sync():`` each unit keeps its full local gradient;
     # the first backward after the block reduces the accumulated sum.

@@ -47,6 +47,7 @@ class Flat:
         self.shard = Parameter(full[lo:lo + self.shard_numel].copy())
         self.acc = None  # the local full gradient kept across no_sync() steps
         self.source = None  # a Prefetcher, set by FullyShardedDataParallel
+        self.bad = None  # a list: names of parameters whose local gradient is NaN/Inf
         self.free()
 
     # -- parameters ------------------------------------------------------------------
@@ -102,6 +103,9 @@ class Flat:
         if not sync:
             self.acc = flat
             return None
+        if self.bad is not None and not bool(self.xp.isfinite(flat).all()):
+            self.bad += [name for name, off, n in zip(self.names, self.offsets, self.numels)
+                         if not bool(self.xp.isfinite(flat[off:off + n]).all())]
         if self.size == 1:
             return flat
         out = dist.reduce_scatter(flat, op="sum", comm=self.comm)

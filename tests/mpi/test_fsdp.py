@@ -401,3 +401,86 @@ def test_save_and_load_checkpoint_hold_the_full_model(tmp_path):
         assert before[k].size > 0
         np.testing.assert_array_equal(after[k], before[k], err_msg=k)
     fsdp.close()
+
+
+@pytest.mark.parametrize("cls,kw", [(optim.AdamW, {"lr": 0.02, "weight_decay": 0.1}),
+                                    (optim.SGD, {"lr": 0.1, "momentum": 0.9})])
+def test_checkpoint_resume_equals_uninterrupted_bit_for_bit(tmp_path, cls, kw):
+    """Every rank's optimizer shard is saved (gathered by name) and restored."""
+    _, fsdp = make()
+    opt = cls(fsdp.parameters(), **kw)
+    for step in range(2):
+        fsdp_step(fsdp, opt, *local(global_batch(step)))
+    path = dist.broadcast(str(tmp_path) if dist.rank() == 0 else None)
+    saved = sn.save_checkpoint(path + "/", fsdp, opt, step=2)
+    for step in range(2, 4):
+        fsdp_step(fsdp, opt, *local(global_batch(step)))
+    _, fsdp2 = make()
+    opt2 = cls(fsdp2.parameters(), **kw)
+    assert sn.load_checkpoint(saved, fsdp2, opt2)["step"] == 2
+    for step in range(2, 4):
+        fsdp_step(fsdp2, opt2, *local(global_batch(step)))
+    resumed, uninterrupted = fsdp2.state_dict(), fsdp.state_dict()
+    for k in uninterrupted:
+        np.testing.assert_array_equal(resumed[k], uninterrupted[k], err_msg=k)
+    ours, theirs = fsdp2.optim_state_dict(opt2)["state"], fsdp.optim_state_dict(opt)["state"]
+    for name in theirs:
+        for key in theirs[name]:
+            np.testing.assert_array_equal(ours[name][key], theirs[name][key], err_msg=name)
+    fsdp.close()
+    fsdp2.close()
+
+
+def nan_backward(nonfinite):
+    """One loss in which only the last rank's batch holds a NaN (and the state before)."""
+    sn.manual_seed(3)
+    fsdp = parallel.FullyShardedDataParallel(Net(), wrap=(Block, Inner), nonfinite=nonfinite)
+    before = fsdp.state_dict()
+    x, y = local(global_batch(0))
+    if dist.rank() == dist.size() - 1:
+        x = x.copy()
+        x[0, 0] = np.nan
+    return fsdp, F.cross_entropy(fsdp(sn.tensor(x)), y), before
+
+
+def test_nonfinite_raise_names_rank_and_parameter_on_every_rank():
+    fsdp, loss, _ = nan_backward("raise")
+    with pytest.raises(sn.errors.NonFiniteError) as info:
+        loss.backward()
+    assert f"rank {dist.size() - 1} parameter 'embed.weight'" in str(info.value)
+    assert "step 0" in str(info.value)
+    fsdp.close()
+
+
+def test_nonfinite_skip_skips_the_step_everywhere():
+    fsdp, loss, before = nan_backward("skip")
+    opt = optim.SGD(fsdp.parameters(), lr=0.1)
+    loss.backward()
+    assert all(p.grad is None for p in fsdp.parameters()) and fsdp.skipped_steps == 1
+    opt.step()
+    after = fsdp.state_dict()
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    fsdp_step(fsdp, opt, *local(global_batch(1)))  # the next, healthy step goes through
+    assert all(p.grad is not None and np.isfinite(p.grad.data).all() for p in fsdp.parameters())
+    assert fsdp.skipped_steps == 1 and fsdp.steps == 2
+    fsdp.close()
+
+
+def test_nonfinite_mode_is_checked():
+    with pytest.raises(ValueError, match="nonfinite"):
+        parallel.FullyShardedDataParallel(Net(), nonfinite="warn")
+
+
+def test_checkpoint_of_a_plain_optimizer_is_refused_by_fsdp(tmp_path):
+    """Optimizer state keyed by index (not saved from FSDP) never loads silently."""
+    ref = serial()
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    serial_step(ref, ref_opt, *global_batch(0))
+    path = dist.broadcast(str(tmp_path) if dist.rank() == 0 else None)
+    saved = sn.save_checkpoint(path + "/", ref, ref_opt, step=1)
+    _, fsdp = make()
+    opt = optim.SGD(fsdp.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(sn.errors.CheckpointError, match="not saved from an FSDP model"):
+        sn.load_checkpoint(saved, fsdp, opt)
+    fsdp.close()
