@@ -18,6 +18,8 @@ from .sync_batchnorm import SyncBatchNorm
 from .. import nn as _nn
 from .fsdp import FullyShardedDataParallel
 from .tp_collectives import copy_to_group, gather_from_group, reduce_from_group, scatter_to_group
+from .tp_transformer import (ParallelSelfAttention, VocabParallelEmbedding,
+                             vocab_parallel_cross_entropy)
 
 _nn.SyncBatchNorm = SyncBatchNorm  # PyTorch's name; nn (layer 5) cannot import parallel (7)
 
@@ -25,4 +27,5 @@ __all__ = ["DataParallel", "allreduce_gradients", "ColumnParallelLinear", "RowPa
            "ParallelDropout", "ShardedParameter", "gather_state_dict", "scatter_state_dict",
            "tp_rng_region", "copy_to_group", "reduce_from_group", "gather_from_group",
            "scatter_to_group", "Pipeline", "ZeroRedundancyOptimizer", "pipeline", "SyncBatchNorm",
-           "FullyShardedDataParallel"]
+           "FullyShardedDataParallel", "ParallelSelfAttention", "VocabParallelEmbedding",
+           "vocab_parallel_cross_entropy"]

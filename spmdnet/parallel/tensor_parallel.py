@@ -27,26 +27,40 @@ TP_RNG_KEY = 1  # fork_rng key prefix of the tensor-parallel dropout streams
 
 
 class ShardedParameter(Parameter):
-    """This TP rank's slice of a larger parameter, split along ``tp_split_axis``."""
+    """This TP rank's slice of a larger parameter, split along ``tp_split_axis``.
 
-    __slots__ = ("tp_split_axis",)
+    ``tp_split_groups`` > 1: the axis holds that many equal blocks (e.g. the
+    q, k and v rows of an attention ``in_proj_weight``), each split over the
+    ranks; rank t keeps slice t of every block, in block order."""
 
-    def __init__(self, data, tp_split_axis):
+    __slots__ = ("tp_split_axis", "tp_split_groups")
+
+    def __init__(self, data, tp_split_axis, tp_split_groups=1):
         super().__init__(data)
-        self.tp_split_axis = tp_split_axis
+        self.tp_split_axis, self.tp_split_groups = tp_split_axis, tp_split_groups
 
 
-def _shard(full, axis, comm, layer, what):
+def split_shard(full, axis, tp, t, groups=1):
+    """Rank t's slice of ``full`` along ``axis`` (of each of ``groups`` blocks)."""
+    shape = full.shape[:axis] + (groups, tp, -1) + full.shape[axis + 1:]
+    part = full.reshape(shape)[(slice(None),) * axis + (slice(None), t)]
+    return np.ascontiguousarray(part.reshape(full.shape[:axis] + (-1,) + full.shape[axis + 1:]))
+
+
+def join_shards(parts, axis, groups=1):
+    """The inverse of ``split_shard``: the full array from every rank's slice."""
+    blocks = [np.split(p, groups, axis=axis) for p in parts]
+    return np.concatenate([b[g] for g in range(groups) for b in blocks], axis=axis)
+
+
+def _shard(full, axis, comm, layer, what, groups=1):
     """Rank t's slice t of ``full`` along ``axis``, ValueError if uneven."""
     tp, t = comm.Get_size(), comm.Get_rank()
     n = full.shape[axis]
-    if n % tp:
-        raise ValueError(f"{layer}: {what} {n} is not divisible by the tensor-parallel "
-                         f"size {tp}")
-    w = n // tp
-    index = [slice(None)] * full.ndim
-    index[axis] = slice(t * w, (t + 1) * w)
-    return ShardedParameter(np.ascontiguousarray(full[tuple(index)]), axis)
+    if n % (tp * groups):
+        raise ValueError(f"{layer}: {what} {n // groups} is not divisible by the "
+                         f"tensor-parallel size {tp}")
+    return ShardedParameter(split_shard(full, axis, tp, t, groups), axis, groups)
 
 
 def _full_linear_init(in_features, out_features, bias, dtype):
@@ -55,6 +69,13 @@ def _full_linear_init(in_features, out_features, bias, dtype):
     same numbers and a TP model equals the dense one seeded alike."""
     dense = Linear(in_features, out_features, bias=bias, dtype=dtype)
     return dense.weight.data, None if dense.bias is None else dense.bias.data
+
+
+class TPModule(Module):
+    """Base of tensor-parallel layers other than the linear ones: state-dict
+    tools check that its ``tp_size`` is the mesh's."""
+
+    tp_size = 1
 
 
 class _ParallelLinear(Module):
@@ -153,11 +174,12 @@ def _shard_table(model, mesh):
     """[(key, tensor, split axis or None)] in state_dict order; ValueError
     when a TP layer's group size is not the mesh's."""
     for name, mod in model.named_modules():
-        if isinstance(mod, _ParallelLinear) and mod.tp_size != mesh.tp_size:
+        if isinstance(mod, (_ParallelLinear, TPModule)) and mod.tp_size != mesh.tp_size:
             raise ValueError(f"{name or type(mod).__name__}: layer built for tp="
                              f"{mod.tp_size} but the mesh has tp={mesh.tp_size}")
     # _state_items: key -> tensor with tied entries under every name, as state_dict
-    return [(k, t, getattr(t, "tp_split_axis", None)) for k, t in model._state_items()]
+    return [(k, t, getattr(t, "tp_split_axis", None), getattr(t, "tp_split_groups", 1))
+            for k, t in model._state_items()]
 
 
 def gather_state_dict(model, mesh):
@@ -165,13 +187,13 @@ def gather_state_dict(model, mesh):
     mesh rank with tp_rank == dp_rank == 0 (rank 0 when pp == 1); None on
     the others. Collective over every TP group of the mesh."""
     table = _shard_table(model, mesh)
-    desc = [(k, tuple(t.shape), axis) for k, t, axis in table]
+    desc = [(k, tuple(t.shape), axis, groups) for k, t, axis, groups in table]
     dist.check_same(mesh.tp, desc, "gather_state_dict: TP ranks' (key, shard shape, axis)")
     if mesh.dp_rank != 0:  # the whole TP group agrees: only dp replica 0 gathers
         return None
     root = mesh.tp_rank == 0
     state = model.state_dict()
-    for key, _, axis in table:
+    for key, _, axis, groups in table:
         if axis is None or mesh.tp_size == 1:
             continue
         local = np.ascontiguousarray(state[key])
@@ -179,7 +201,7 @@ def gather_state_dict(model, mesh):
         with dist.guarded(f"gather({key})", mesh.tp, local):
             mesh.tp.Gather(local, parts, root=0)
         if root:
-            state[key] = np.concatenate(list(parts), axis=axis)
+            state[key] = join_shards(list(parts), axis, groups)
     return state if root else None
 
 
@@ -202,7 +224,7 @@ def _state_problem(table, state, tp):
     """Why ``state`` does not fit the model's full shapes, or None."""
     if not isinstance(state, dict):
         return f"scatter_state_dict: expected a dict on rank 0, got {type(state).__name__}"
-    want = {k: _full_shape(t, axis, tp) for k, t, axis in table}
+    want = {k: _full_shape(t, axis, tp) for k, t, axis, _ in table}
     missing = [k for k in want if k not in state]
     unexpected = [k for k in state if k not in want]
     bad = [f"{k}: state {tuple(np.shape(state[k]))} vs full model {want[k]}"
@@ -226,13 +248,13 @@ def scatter_state_dict(model, state, mesh):
     if problem:
         raise ValueError(problem)
     local = {}
-    for key, t, axis in table:
+    for key, t, axis, groups in table:
         full = np.empty(_full_shape(t, axis, mesh.tp_size), t.dtype)
         if root:
             full[...] = np.asarray(state[key])
         dist.broadcast(full, root=0, comm=mesh.dp)
         dist.broadcast(full, root=0, comm=mesh.tp)
         if axis is not None:
-            full = np.split(full, mesh.tp_size, axis=axis)[mesh.tp_rank]
+            full = split_shard(full, axis, mesh.tp_size, mesh.tp_rank, groups)
         local[key] = full
     model.load_state_dict(local)
