@@ -7,6 +7,8 @@ from .hdf5 import HDF5Dataset, check_same_features
 from .loader import DataLoader
 from .progressbar import progress
 from .sampler import DistributedSampler
+from .tokens import CharTokenizer, TokenDataset, unigram_entropy
 
 __all__ = ["ArrayDataset", "HDF5Dataset", "check_same_features", "DistributedSampler",
-           "DataLoader", "progress", "evaluate", "shard_indices", "datasets", "transforms"]
+           "DataLoader", "progress", "evaluate", "shard_indices", "datasets", "transforms",
+           "CharTokenizer", "TokenDataset", "unigram_entropy"]

@@ -1,6 +1,7 @@
 """Datasets written as HDF5 files: the UCI handwritten digits kept in the
 package, MNIST / Fashion-MNIST IDX files, the CIFAR-10 batches (binary and
-python versions), and synthetic data of any size.
+python versions), synthetic data of any size, and character-level token files of a
+text (``make_text``: the shipped corpus by default).
 
 Images are stored ``(N, C, H, W)`` (``layout="image"``, the default of the
 MNIST and CIFAR writers) or flattened to ``(N, C*H*W)`` (``layout="flat"``,
@@ -14,6 +15,7 @@ and ``y`` (int64 labels).
 import gzip
 import importlib
 import io
+import json
 import os
 import pickle
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import distributed as dist
+from .tokens import CORPUS, CharTokenizer
 
 DIGITS_NPZ = Path(__file__).with_name("digits.npz")
 
@@ -268,3 +271,41 @@ def make_synthetic(out_path, n, features=784, classes=10, seed=0, comm=None):
         _write_atomically(out_path, fill)
     dist.barrier(comm)
     return str(out_path)
+
+
+def read_text(path_or_text=None):
+    """The text of a file (a ``Path``, or a str naming an existing file),
+    ``path_or_text`` itself (any other str), or the shipped corpus (None)."""
+    if path_or_text is None:
+        path_or_text = CORPUS
+    if isinstance(path_or_text, os.PathLike) or os.path.isfile(path_or_text):
+        return Path(path_or_text).read_text(encoding="utf-8")
+    if "\n" not in path_or_text and path_or_text.endswith(".txt"):
+        raise FileNotFoundError(f"text file {path_or_text} does not exist")
+    return path_or_text
+
+
+def make_text(path_or_text=None, out_dir="data", val_fraction=0.1, name="text", comm=None):
+    """Character-level token files of a text (see ``read_text``; default: the
+    shipped corpus): ``{name}_train.h5`` (the first ``1 - val_fraction``) and
+    ``{name}_val.h5`` (the rest), each a 1-D ``tokens`` dataset, and the
+    vocabulary ``{name}_vocab.json`` (``CharTokenizer.state_dict()``).
+    Returns the three paths."""
+    comm = dist.comm_or_default(comm)
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"make_text: val_fraction must be in (0, 1), got {val_fraction}")
+    out = Path(out_dir)
+    paths = out / f"{name}_train.h5", out / f"{name}_val.h5", out / f"{name}_vocab.json"
+    if comm.Get_rank() == 0:
+        text = read_text(path_or_text)
+        tok = CharTokenizer(text)
+        ids = tok.encode(text).astype(np.uint16 if tok.vocab_size <= 2**16 else np.int32)
+        cut = len(ids) - max(1, int(round(len(ids) * val_fraction)))
+        for path, part in zip(paths, (ids[:cut], ids[cut:])):
+            _write_atomically(path, lambda f, part=part: f.create_dataset("tokens", data=part))
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = paths[2].with_name(f".{paths[2].name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(tok.state_dict()), encoding="utf-8")
+        os.replace(tmp, paths[2])
+    dist.barrier(comm)
+    return tuple(str(p) for p in paths)
