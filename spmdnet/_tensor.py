@@ -83,7 +83,7 @@ class Tensor:
         shape and dtype must match the tensor's, as PyTorch checks."""
         if value is not None:
             if not isinstance(value, Tensor):
-                value = Tensor(_as_array(value))
+                value = Tensor(value)
             if value.data.shape != self.data.shape:
                 raise RuntimeError(f"assigned grad has data of a different size: "
                                    f"{value.data.shape} != {self.data.shape}")

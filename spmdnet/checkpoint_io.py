@@ -164,7 +164,7 @@ def probe(directory):
 # -- values --------------------------------------------------------------------------
 def count_nonfinite(array):
     array = np.asarray(array)
-    if array.dtype.kind not in "fc" or np.isfinite(array).all():
+    if array.dtype.kind not in "fc":
         return 0
     return int(array.size - np.count_nonzero(np.isfinite(array)))
 

@@ -102,12 +102,6 @@ def shell_exports():
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--shell"]:
-        sys.exit(__doc__)
-    print(shell_exports())
-
-
 def rerun_with_threads(script, threads, *args):
     """Run ``python script *args`` once per BLAS thread count in ``threads``
     (a fresh process each: BLAS reads its thread count at import)."""
@@ -130,3 +124,9 @@ def thread_sweep(script, doc, child, header, threads=(1,), steps=30):
     print(header(args.steps))
     rerun_with_threads(script, args.threads, "--child", "--steps", args.steps)
     return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--shell"]:
+        sys.exit(__doc__)
+    print(shell_exports())

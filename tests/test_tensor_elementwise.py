@@ -242,3 +242,10 @@ def test_float64_batch_into_a_float32_model_raises():
 def test_bmm_needs_3d():
     with pytest.raises(RuntimeError, match="3-D"):
         sn.bmm(sn.tensor(randn(3, 4)), sn.tensor(randn(4, 2)))
+
+
+def test_numpy_integer_scalars_promote_as_python_ints():
+    ints = sn.tensor(np.array([1, 2]))
+    assert (ints + np.int64(2)).dtype == np.int64  # PyTorch: int64 + integer scalar stays int64
+    assert (sn.ones(2) * np.int32(2)).dtype == np.float32
+    assert (ints * np.bool_(True)).dtype == np.int64

@@ -1,5 +1,4 @@
 """The Function base class: one differentiable operation of the graph."""
-import numpy as np
 
 from .._tensor import Tensor
 from .grad_mode import is_grad_enabled
@@ -29,10 +28,7 @@ class Function:
         ctx = cls()
         record = is_grad_enabled() and any(t.requires_grad for t in inputs)
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs) if record else ()
-        out = ctx.forward(*[t.data for t in inputs], **kwargs)
-        if isinstance(out, np.generic):
-            out = np.asarray(out)
-        result = Tensor(out)
+        result = Tensor(ctx.forward(*[t.data for t in inputs], **kwargs))  # scalars: 0-d
         if record:
             result._requires_grad = True
             result._ctx = ctx

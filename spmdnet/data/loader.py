@@ -106,8 +106,9 @@ class DataLoader:
         batches, device = self.batches(), self._device()
         start = self._sampler_state()
         self._pass = [start, len(batches), self._skip]
-        batches = list(zip(batches[self._skip:],
-                           self._seed_keys(self._skip, len(batches) - self._skip)))
+        count = len(batches) - self._skip
+        keys = self._seed_keys(self._skip, count) if self.transform is not None else [None] * count
+        batches = list(zip(batches[self._skip:], keys))
         self._skip = 0
         if self.prefetch == 0 or (device == "cpu" and getattr(self.dataset, "cached", False)):
             items = self._iterate_inline(batches, device)

@@ -35,17 +35,11 @@ _checker = {}  # "check": the CrossCheck of this process, set up by dist.init
 state = {"pending": None, "last": None}  # read by the watchdog thread
 
 
-def seconds(name, default):
-    """A non-negative number of seconds from knob ``name`` (0: off); anything
-    else raises ValueError naming the variable, the value and the range."""
-    return config.get_seconds(name, default)
-
-
 def configure():
     """Read the knobs (``dist.init`` calls it); returns the watchdog limit or None (off)."""
     _settings["debug"] = config.get_bool("SPMDNET_DEBUG_COLLECTIVES", False)
-    limit = seconds("SPMDNET_WATCHDOG_S", WATCHDOG_S)
-    abort = seconds("SPMDNET_WATCHDOG_ABORT_S", ABORT_FACTOR * limit)
+    limit = config.get_seconds("SPMDNET_WATCHDOG_S", WATCHDOG_S)
+    abort = config.get_seconds("SPMDNET_WATCHDOG_ABORT_S", ABORT_FACTOR * limit)
     _settings["watchdog_s"] = limit or None
     _settings["abort_s"] = (abort or None) if limit else None
     return _settings["watchdog_s"]
@@ -92,11 +86,6 @@ def caller(depth=1):
 
 def format_site(site):
     return "?" if site is None else f"{site[0]}:{site[1]} in {site[2]}"
-
-
-def call_site():
-    """'file:line in function' of the first caller outside spmdnet."""
-    return format_site(caller(2))
 
 
 def comm_label(comm):

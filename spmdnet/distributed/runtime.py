@@ -77,7 +77,7 @@ def _start_services(world):
     """Once per process: a private Dup of the world for the check mode, the
     watchdog and the exit agreement; the knobs are read (and validated) here."""
     limit = guard.configure()
-    exit_s = guard.seconds("SPMDNET_EXIT_TIMEOUT_S", EXIT_TIMEOUT_S)
+    exit_s = config.get_seconds("SPMDNET_EXIT_TIMEOUT_S", EXIT_TIMEOUT_S)
     if _state["control"] is not None:
         return
     control = _state["control"] = world.comm.Dup()

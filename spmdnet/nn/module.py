@@ -198,8 +198,8 @@ class Module:
         for p in self.parameters():
             if set_to_none:
                 p.grad = None
-            elif grad_array(p) is not None:
-                grad_array(p)[...] = 0
+            elif p.grad is not None:
+                p.grad.zero_()
 
     def to(self, *args, **kwargs):
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` or

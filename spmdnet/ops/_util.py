@@ -80,10 +80,10 @@ def _combine(higher, lower):
 
 
 def scalar_dtype(x, default_float):
-    """The dtype a Python scalar stands for in promotion."""
-    if isinstance(x, bool):
+    """The dtype a Python (or NumPy) scalar stands for in promotion."""
+    if isinstance(x, (bool, np.bool_)):
         return np.dtype(bool)
-    if isinstance(x, int):
+    if isinstance(x, (int, np.integer)):
         return np.dtype(np.int64)
     if isinstance(x, complex):
         return np.dtype(np.complex64 if default_float == np.float32 else np.complex128)

@@ -26,10 +26,6 @@ bitwise_and, bitwise_or = _binary("bitwise_and", operator.and_), _binary("bitwis
 bitwise_xor = _binary("bitwise_xor", operator.xor)
 
 
-def _reflected(fn):
-    return lambda a, b: fn(b, a)
-
-
 def bitwise_not(input):  # noqa: A002
     """``~x``: logical not on bool tensors, bitwise on integers."""
     if input.dtype.kind not in "biu":

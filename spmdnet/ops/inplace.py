@@ -10,6 +10,8 @@ or with an operand that does) is not done in place here (docs/PYTORCH.md
 lists the difference): ``+=``, ``-=``, ``*=`` and ``/=`` fall back to the
 out-of-place op, which rebinds the name; the methods raise RuntimeError.
 """
+import operator
+
 from .._tensor import Tensor
 from ..autograd import is_grad_enabled
 from ..backend import device_of, to_device
@@ -49,26 +51,11 @@ def _augmented(name, fallback, update):
     return method
 
 
-def _iadd(a, b):
-    a += b
 
-
-def _isub(a, b):
-    a -= b
-
-
-def _imul(a, b):
-    a *= b
-
-
-def _idiv(a, b):
-    a /= b
-
-
-iadd = _augmented("__iadd__", lambda a, b: a + b, _iadd)
-isub = _augmented("__isub__", lambda a, b: a - b, _isub)
-imul = _augmented("__imul__", lambda a, b: a * b, _imul)
-itruediv = _augmented("__itruediv__", lambda a, b: a / b, _idiv)
+iadd = _augmented("__iadd__", lambda a, b: a + b, operator.iadd)
+isub = _augmented("__isub__", lambda a, b: a - b, operator.isub)
+imul = _augmented("__imul__", lambda a, b: a * b, operator.imul)
+itruediv = _augmented("__itruediv__", lambda a, b: a / b, operator.itruediv)
 
 
 def add_(self, other, *, alpha=1):

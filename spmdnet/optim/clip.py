@@ -58,7 +58,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         if g.dtype.itemsize < 4:  # avoid float16 overflow in the reduction
             g = g.astype(xp.float32)
         if norm_type == math.inf:
-            parts.append(xp.abs(g).max().astype(xp.float64))
+            parts.append(xp.maximum(g.max(), -g.min()).astype(xp.float64))  # no |g| temporary
         elif norm_type == 2.0:
             parts.append(xp.vdot(g.ravel(), g.ravel()).astype(xp.float64))
         else:

@@ -151,8 +151,7 @@ class DataParallel(Module):
             for p, home in zip(bucket.params, bucket.homes):
                 if p.grad is home:
                     p.grad = None  # gradients from before wrapping are not kept
-        for _, buf in self.module.named_buffers():
-            dist.broadcast(buf.data, root=root, comm=self.comm)
+        self._broadcast_buffers(root)
 
     # -- forward -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -192,6 +191,9 @@ class DataParallel(Module):
         if self._joining:
             mine = self.comm.Get_rank() if training else -1
             root = dist.allreduce(mine, op="max", comm=self.comm)
+        self._broadcast_buffers(root)
+
+    def _broadcast_buffers(self, root):
         for _, buf in self.module.named_buffers():
             dist.broadcast(buf.data, root=root, comm=self.comm)
 
@@ -206,9 +208,7 @@ class DataParallel(Module):
         """One iteration's collectives, with zero gradients (see ``parallel.join``)."""
         self._shadow_buffers()
         self._buffers_answered = False
-        for bucket in self.buckets:
-            for p in bucket.params:
-                p.grad = None
+        self._drop_grads()
         self._finish()
 
     def join_done(self, last_rank):

@@ -48,7 +48,6 @@ def _policy(wrap):
 def _owners(model, policy):
     """{unit module name: [(param name, param)]} for the root ("") and each wrapped module."""
     units, owner_of = {"": (model, [])}, {}
-    seen = {}
     stack = [("", model, "")]
     while stack:
         name, mod, unit = stack.pop()
@@ -66,7 +65,6 @@ def _owners(model, policy):
                                      "inside one unit (wrap their common parent)")
                 continue
             owner_of[id(p)] = unit
-            seen[id(p)] = full
             units[unit][1].append((full, p))
         for cname, child in reversed(list(mod._modules.items())):
             if child is not None:

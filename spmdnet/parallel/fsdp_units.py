@@ -108,9 +108,7 @@ class Flat:
                          if not bool(self.xp.isfinite(flat[off:off + n]).all())]
         if self.size == 1:
             return flat
-        out = dist.reduce_scatter(flat, op="sum", comm=self.comm)
-        out *= 1.0 / self.size
-        return out
+        return dist.reduce_scatter(flat, op="mean", comm=self.comm)
 
     def add_grad(self, g):
         """Accumulate a reduced gradient slice into the shard's ``.grad``."""
