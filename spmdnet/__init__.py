@@ -5,7 +5,7 @@ mpi4py only when first used.
 """
 __version__ = "0.1.0"  # before the imports: checkpoint.py reads it while this file runs
 
-from . import autograd, data, distributed, functional, nn, optim, parallel
+from . import autograd, data, distributed, functional, host_memory, nn, optim, parallel
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .errors import CheckpointError, DistributedError
@@ -36,6 +36,7 @@ from .ops.scan import cumprod, cumsum, flip, roll
 from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
                        queue_callback)
 
+host_memory.retain_freed_memory()  # no page faults for each step's arrays (host_memory.py)
 dist = distributed  # the short name: `from spmdnet import dist`
 
 __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",

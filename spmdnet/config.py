@@ -32,6 +32,9 @@ KNOBS = {
     "SPMDNET_WATCHDOG_ABORT_S": "seconds after which a stalled job is aborted (default "
                                 "2 x SPMDNET_WATCHDOG_S = 600, PyTorch's collective "
                                 "timeout; 0: report, never abort)",
+    "SPMDNET_HOST_ALLOCATOR": "retain | system (default retain): keep freed array memory "
+                              "in the heap for the next step (glibc mallopt; "
+                              "spmdnet/host_memory.py), or leave malloc as it is",
     "SPMDNET_EXIT_TIMEOUT_S": "seconds a rank that left the program waits for the others "
                               "to leave too before aborting the job (default 30; 0: no wait)",
 }
@@ -97,6 +100,7 @@ CHECKS = {
     "SPMDNET_WATCHDOG_S": "seconds",
     "SPMDNET_WATCHDOG_ABORT_S": "seconds",
     "SPMDNET_EXIT_TIMEOUT_S": "seconds",
+    "SPMDNET_HOST_ALLOCATOR": ("retain", "system"),
 }
 assert set(CHECKS) == set(KNOBS), "every knob needs a check"
 

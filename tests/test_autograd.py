@@ -123,6 +123,35 @@ def test_diamond_graph_matches_hand_derivative():
 
 
 # -- graph freeing ---------------------------------------------------------------------
+def test_split_pieces_add_into_one_gradient():
+    """q, k, v of one projection (minGPT's split): the pieces' gradients are
+    added into the input's in place; an unused piece contributes zeros, a
+    piece used twice both uses, the input used directly too its own."""
+    x = sn.tensor(np.arange(12.0).reshape(2, 6), requires_grad=True)
+    q, k, v = x.split(2, dim=1)
+    out = (q * 1.0 + k * 2.0).sum() + (q * 3.0).sum() + (x * x).sum()
+    out.backward()
+    want = np.tile([4.0, 4.0, 2.0, 2.0, 0.0, 0.0], (2, 1)) + 2 * np.arange(12.0).reshape(2, 6)
+    np.testing.assert_array_equal(x.grad.numpy(), want)
+    y = sn.tensor(np.ones((3, 4)), requires_grad=True)
+    rows = y[[0, 0, 2]]  # integer-array pieces scatter-add into the same gradient
+    (rows.sum() + y[1:].sum() * 2.0).backward()
+    np.testing.assert_array_equal(y.grad.numpy(), [[2.0] * 4, [2.0] * 4, [3.0] * 4])
+
+
+def test_summing_gradients_never_writes_into_a_users_array():
+    """A hook's replacement gradient reaches two inputs of one op unchanged
+    (a pass-through): summing them must make a new array, not add in place."""
+    user = np.full(3, 5.0)
+    x = sn.tensor(np.ones(3), requires_grad=True)
+    p = x * 1.0
+    q = p + p
+    q.register_hook(lambda g: sn.Tensor(user))
+    q.sum().backward()
+    np.testing.assert_array_equal(user, [5.0] * 3)
+    np.testing.assert_array_equal(x.grad.numpy(), [10.0] * 3)
+
+
 def test_graph_is_freed_after_backward():
     x = leaf([1.0, 2.0])
     y = (x * 2.0).sum()

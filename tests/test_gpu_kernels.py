@@ -36,6 +36,7 @@ CASES = {
     "gelu": (lambda x: F.gelu(x), [(5, 31)]),
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), [(5, 31)]),
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (40,), w, b), [(6, 40), (40,), (40,)]),
+    "softmax": (lambda x: F.softmax(x, dim=-1), [(3, 5, 70)]),
 }
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from spmdnet import kernels, nn, optim
-from spmdnet.kernels import activation, embedding, loss, norm, special
+from spmdnet.kernels import activation, embedding, loss, norm, softmax, special
 from spmdnet.kernels._cpu import CpuKernel
 from spmdnet.kernels._cuda import cuda_simulation
 from spmdnet.ops import nn_ops, unary
@@ -313,6 +313,45 @@ def test_layer_norm_kernels_edges_and_buffers(target):
     np.testing.assert_allclose(gb, g.sum(axis=0), rtol=1e-6)
     with pytest.raises(ValueError, match="both weight and bias"):
         norm.forward(x, w, None)
+
+
+# -- softmax ------------------------------------------------------------------------------
+def softmax_reference(x, g):
+    op = nn_ops.Softmax()
+    with np.errstate(all="ignore"), kernels.use("xp"):
+        y = op.forward(x, axis=-1)
+        return y, op.backward(g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_kernels_match_xp(target, dtype):
+    for k, (shape, special_values, contiguous) in enumerate(cases(target)):
+        x = arrays(shape, dtype, k, special_values, contiguous)
+        g = arrays(shape, dtype, k + 1)
+        want_y, want_gx = softmax_reference(x, g)
+        with np.errstate(all="ignore"):
+            y = softmax.forward(x)
+            gx = softmax.backward(g, y)
+        assert y.shape == gx.shape == shape and y.dtype == gx.dtype == dtype
+        np.testing.assert_allclose(y, want_y, **tol(dtype), err_msg=f"{shape}")
+        np.testing.assert_allclose(gx, want_gx, **tol(dtype), err_msg=f"{shape}")
+
+
+def test_softmax_kernels_masked_rows(target):
+    """-inf entries (a causal mask) weigh 0; a row that is all -inf gives NaN
+    as in PyTorch; a row with +inf gives NaN too (inf - inf)."""
+    x = arrays((4, 9), np.float32)
+    x[0, 3:] = -np.inf
+    x[1, :] = -np.inf
+    x[2, 5] = np.inf
+    with np.errstate(all="ignore"):
+        y = softmax.forward(x)
+    e = np.exp(x[0, :3] - x[0, :3].max())
+    np.testing.assert_allclose(y[0], np.r_[e / e.sum(), np.zeros(6)], rtol=2e-6, atol=0)
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).any()
+    np.testing.assert_allclose(y[3].sum(), 1.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="differ"):
+        softmax.backward(x[:2], y)
 
 
 # -- embedding ----------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def _run_hooks(t, g):
 def _propagate(t, g, grads, shared, pending, ready, nodes):
     """Run t's backward and hand each parent its share of the gradient."""
     ctx = t._ctx
-    if g is None:
+    if g is None or _added_into_parent(ctx, g, grads, shared):
         parent_grads = (None,) * len(ctx.parents)
     else:
         ctx.grad_dest = tuple(_destination(p, grads, pending) for p in ctx.parents)
@@ -134,7 +134,7 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
         if pg is not None:
             pg = _check_grad(ctx, parent, pg)
             if key in grads:
-                grads[key] = grads[key] + pg  # a new array: never mutate a shared one
+                grads[key] = _add(grads[key], pg, shared)
             else:
                 # A pass-through, a view, or one array given to two inputs may
                 # alias memory that someone else owns: a leaf copies it.
@@ -145,6 +145,37 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
         pending[key] -= 1
         if pending[key] == 0:
             ready.append(parent)
+
+
+def _owned(acc, shared):
+    """True when the engine alone holds ``acc`` (a gradient being summed),
+    so adding into it in place is safe: no backward handed it to another
+    input, and it is no view (of an output gradient or of a user's array)."""
+    return id(acc) not in shared and acc.base is None and getattr(acc.flags, "writeable", True)
+
+
+def _add(acc, pg, shared):
+    """acc + pg, in place into acc where the engine owns it (residual
+    connections sum two gradients per layer: no new array for each)."""
+    if _owned(acc, shared) and acc.dtype == pg.dtype:
+        acc += pg
+        return acc
+    return acc + pg  # a new array: never mutate a shared one
+
+
+def _added_into_parent(ctx, g, grads, shared):
+    """True when ``ctx.backward_add(acc, g)`` added this op's input gradient
+    straight into the gradient its single input has collected already: a
+    slice of a tensor (split's pieces, q/k/v of one projection) then costs a
+    slice-sized add, not a zero array of the whole input plus a full add."""
+    add_into = getattr(ctx, "backward_add", None)
+    if add_into is None or len(ctx.parents) != 1:
+        return False
+    acc = grads.get(id(ctx.parents[0]))
+    if acc is None or not _owned(acc, shared) or acc.dtype != g.dtype:
+        return False
+    add_into(acc, g)
+    return True
 
 
 def _destination(parent, grads, pending):

@@ -1,18 +1,15 @@
 """Bias + activation in one pass, forward and backward.
 
 The fused linear layer (``ops.linalg.LinearAct``) runs ``activation(x @ W.T
-+ b)`` as one product and one pass of ``forward`` over its fresh output, in
-place for relu, tanh and sigmoid; its backward is one pass of ``backward``,
-giving the gradient before the activation and, in the same pass, the bias
-gradient (column sums in row order: the bits of NumPy's ``sum(axis=0)``).
-The standalone activation ops use the same kernels without a bias.
++ b)`` as one product and one pass of ``forward`` over its fresh output (in
+place for relu, tanh, sigmoid); one pass of ``backward`` gives the gradient
+before the activation and the bias gradient (column sums in row order: the
+bits of NumPy's ``sum(axis=0)``). The activation ops use them without bias.
 
-What is saved for backward works with the plain-xp reference
-(``ops.unary.act_forward``/``act_backward``) as well, so either side can do
-either direction: the output for tanh and sigmoid; for relu the output (xp)
-or the boolean mask output > 0 (kernels: a quarter of the bytes to stream
-back); (input, Φ(input)) for gelu and (input, tanh(...)) for gelu_tanh.
-Where the ops run these kernels: dispatch.py's table.
+What is saved works with the xp reference (``ops.unary.act_forward`` and
+``act_backward``) too: the output for tanh and sigmoid; for relu the output
+(xp) or the mask output > 0 (a quarter of the bytes); (input, Φ(input)) for
+gelu, (input, tanh(...)) for gelu_tanh. Which ops use them: dispatch.py.
 """
 import functools
 import math
@@ -27,9 +24,8 @@ from ._numba import njit_inline, prange
 from ._target import check_target
 
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "tanh": 3, "sigmoid": 4}
-# The formulas are the xp ones, except that gelu_tanh and sigmoid use
-# 1 / (1 + exp(-x)) where the xp code has 0.5 (1 + tanh(x / 2)): the same
-# function, and more accurate with special.py's float32 tanh.
+# The xp formulas, but gelu_tanh and sigmoid use 1 / (1 + exp(-x)) for 0.5 (1 +
+# tanh(x / 2)): the same function, more accurate with special.py's float32 tanh.
 RELU, GELU, GELU_TANH, TANH, SIGMOID = range(5)
 SAVES_INPUT = {"gelu", "gelu_tanh"}  # saved: (input, aux); the others: the output
 
@@ -160,18 +156,23 @@ def _map(x, bias, out, aux, store_pre, fn, c):
 
 
 @njit_inline
-def _grad_map(g, saved, aux, gx, gb, fn, c):
-    """gx = fn(g, saved, aux); gb (unless empty) = column sums of gx, in row order."""
-    with_aux, with_bias = aux.shape[1] > 0, gb.shape[0] > 0
+def _grad_map(g, saved, aux, gx, gb, with_aux, with_bias, fn, c):
+    """gx = fn(g, saved, aux); with_bias also gb = column sums of gx in row
+    order. Constant flags: one tested per element stops LLVM vectorising."""
     for i in range(g.shape[0]):  # serial: gb accumulates in row order
         for j in range(g.shape[1]):
             d = fn(g[i, j], saved[i, j], aux[i, j] if with_aux else c[0], c)
             gx[i, j] = d
             if with_bias:
-                if i == 0:
-                    gb[j] = d
-                else:
-                    gb[j] += d
+                gb[j] = gb[j] + d if i > 0 else d  # row 0 starts: NumPy's bits, -0.0 too
+
+
+@njit_inline
+def _grad_rows(g, saved, aux, gx, gb, with_aux, fn, c):  # the bias flag made a constant
+    if gb.shape[0] > 0:
+        _grad_map(g, saved, aux, gx, gb, with_aux, True, fn, c)
+    else:
+        _grad_map(g, saved, aux, gx, gb, with_aux, False, fn, c)
 
 
 # -- the kernels: one per activation, so that each loop is specialised to one
@@ -215,27 +216,26 @@ def _sigmoid_forward(x, bias, out, aux, c):
 
 
 def _relu_backward(g, saved, aux, gx, gb, c):
-    _grad_map(g, saved, aux, gx, gb, _relu_grad, c)
+    _grad_rows(g, saved, aux, gx, gb, False, _relu_grad, c)
 
 
 def _gelu_backward(g, saved, aux, gx, gb, c):
-    _grad_map(g, saved, aux, gx, gb, _gelu_grad, c)
+    _grad_rows(g, saved, aux, gx, gb, True, _gelu_grad, c)
 
 
 def _gelu_tanh_backward(g, saved, aux, gx, gb, c):
-    _grad_map(g, saved, aux, gx, gb, _gelu_tanh_grad, c)
+    _grad_rows(g, saved, aux, gx, gb, True, _gelu_tanh_grad, c)
 
 
 def _tanh_backward(g, saved, aux, gx, gb, c):
-    _grad_map(g, saved, aux, gx, gb, _tanh_grad, c)
+    _grad_rows(g, saved, aux, gx, gb, False, _tanh_grad, c)
 
 
 def _sigmoid_backward(g, saved, aux, gx, gb, c):
-    _grad_map(g, saved, aux, gx, gb, _sigmoid_grad, c)
+    _grad_rows(g, saved, aux, gx, gb, False, _sigmoid_grad, c)
 
 
-# (in place, forward, backward) bodies of each activation; gelu and gelu_tanh
-# have no in-place forward (their input is saved for backward)
+# (in place, forward, backward) bodies; gelu's input is saved: no in-place forward
 _BODIES = {
     "relu": (_relu_forward_inplace, _relu_forward, _relu_backward),
     "gelu": (None, _gelu_forward, _gelu_backward),
@@ -381,8 +381,7 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
     g2, s2, gx2 = _rows(xp, g), _rows(xp, s), gx.reshape(-1, m)
     aux2 = _rows(xp, aux) if aux is not None else gx2[:, :0]
     if where == "cpu":
-        _cpu[activation, "backward"](g2, s2, aux2, gx2, gb if gb is not None else gx2[0, :0],
-                                     c)
+        _cpu[activation, "backward"](g2, s2, aux2, gx2, gx2[0, :0] if gb is None else gb, c)
     else:
         kernels = _cuda_kernels()
         launch(kernels["backward"], g2.size, g2, s2, aux2, gx2, kind, c, stream_of=g)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from .. import config
 from . import activation, embedding, loss, norm, optim_kernels
-from . import conv, pool
+from . import conv, pool, softmax
 from ._numba import available
 from ._target import array_target
 
@@ -94,6 +94,8 @@ TABLE = {
     "linear_sigmoid": Rule(_fused("sigmoid", steps=("backward",))),
     "cross_entropy": Rule({"forward": partial(loss.forward, check=False),
                            "backward": loss.backward}, _small_logits),
+    "softmax": Rule({"forward": softmax.forward, "backward": softmax.backward},
+                    _has_last_axis),
     "layer_norm": Rule({"forward": norm.forward, "backward": norm.backward}, _has_last_axis),
     "embedding": Rule({"backward": embedding.backward}),
     # kernels/attention.py (row at a time, no BLAS) measured 1.2x (T=64) to 11x

@@ -54,6 +54,15 @@ class Index(Function):
             out[self.index] = g
         return out
 
+    def backward_add(self, acc, g):
+        """acc += backward(g), touching only the indexed elements (the
+        engine's shortcut when the input has a gradient already)."""
+        parts = self.index if isinstance(self.index, tuple) else (self.index,)
+        if any(_is_array(p) for p in parts):
+            scatter_add(acc, _without_masks(self.index, xp_of(acc)), g)
+        else:
+            acc[self.index] += g
+
 
 class Concatenate(Function):
     def forward(self, *arrays, axis=0):

@@ -1,0 +1,129 @@
+"""Softmax over the last axis, forward and backward, one row at a time.
+
+NumPy's ``x.max(axis=-1)`` and ``e.sum(axis=-1)`` over short rows (the
+attention scores of minGPT: rows of T = 64) pay their per-row loop overhead
+and four full passes with temporaries; here forward is one pass for the max,
+one for exp and the sum, one to scale, all while the row is in L1, and
+backward is ``y * (g - sum(g * y))`` in one pass per row. A row of -inf
+gives NaN (0 * inf), as the xp reference and PyTorch. The plain-xp
+reference is ``spmdnet.ops.nn_ops.Softmax``.
+"""
+import numpy as np
+
+from ..backend import xp_of
+from . import reduce, special
+from ._cpu import CpuKernel
+from ._cuda import Builder, launch_rows
+from ._numba import numba, prange
+from ._target import check_target
+
+cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
+THREADS = reduce.THREADS  # per block, in the row kernels
+
+
+def _forward(x, out, c):
+    """out[i] = exp(x[i] - max(x[i])) / sum(...); c = (0, 1, -inf)."""
+    zero, one, neg_inf = c
+    for i in prange(x.shape[0]):
+        m = reduce.row_max(x, i, neg_inf)
+        for j in range(x.shape[1]):
+            out[i, j] = special.exp(x[i, j] - m)
+        inv = one / reduce.row_sum(out, i, zero)
+        for j in range(x.shape[1]):
+            out[i, j] *= inv
+
+
+def _backward(g, y, gx, c):
+    """gx[i] = y[i] * (g[i] - sum(g[i] * y[i]))."""
+    zero = c[0]
+    for i in prange(g.shape[0]):
+        dot = reduce.row_dot(g, i, y, i, zero)
+        for j in range(g.shape[1]):
+            gx[i, j] = y[i, j] * (g[i, j] - dot)
+
+
+_cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
+
+
+@Builder
+def _cuda_kernels():
+    block_reduce = reduce.cuda_device_functions()["block_reduce"]
+
+    def forward(x, out, c):  # one block per row
+        i, t = cuda.blockIdx.x, cuda.threadIdx.x
+        buf = cuda.shared.array(THREADS, numba.float64)
+        m = c[2]
+        for j in range(t, x.shape[1], THREADS):
+            if x[i, j] > m:
+                m = x[i, j]
+        m = block_reduce(buf, t, m, True)
+        s = 0.0
+        for j in range(t, x.shape[1], THREADS):
+            e = special.exp(x[i, j] - m)
+            out[i, j] = e
+            s += e
+        s = block_reduce(buf, t, s, False)
+        for j in range(t, x.shape[1], THREADS):
+            out[i, j] /= s
+
+    def backward(g, y, gx, c):  # one block per row
+        i, t = cuda.blockIdx.x, cuda.threadIdx.x
+        buf = cuda.shared.array(THREADS, numba.float64)
+        s = 0.0
+        for j in range(t, g.shape[1], THREADS):
+            s += g[i, j] * y[i, j]
+        s = block_reduce(buf, t, s, False)
+        for j in range(t, g.shape[1], THREADS):
+            gx[i, j] = y[i, j] * (g[i, j] - s)
+
+    return {"forward": forward, "backward": backward}
+
+
+_CONSTANTS = {}
+
+
+def _constants(dtype):
+    if dtype not in _CONSTANTS:
+        _CONSTANTS[dtype] = tuple(dtype.type(v) for v in (0.0, 1.0, -np.inf))
+    return _CONSTANTS[dtype]
+
+
+def _rows(xp, a):
+    a = a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+    return a.reshape(-1, a.shape[-1])
+
+
+def _run(step, arrays, out, where):
+    rows = arrays[0]
+    args = (*arrays, out.reshape(rows.shape), _constants(rows.dtype))
+    if where == "cpu":
+        _cpu[step](*args)
+    else:
+        launch_rows(_cuda_kernels()[step], rows.shape[0], *args, stream_of=rows)
+    return out
+
+
+def forward(x):
+    """softmax(x) over the last axis (x has at least one axis)."""
+    where = check_target("softmax", x)
+    if x.ndim == 0:
+        raise ValueError("softmax kernels: the input needs at least one axis")
+    xp = xp_of(x)
+    out = xp.empty(x.shape, x.dtype)
+    return out if x.size == 0 else _run("forward", (_rows(xp, x),), out, where)
+
+
+def backward(g, y):
+    """The gradient of softmax at output ``y`` for the output gradient ``g``."""
+    where = check_target("softmax", g, y)
+    if g.shape != y.shape:
+        raise ValueError(f"softmax kernels: gradient {g.shape} and output {y.shape} differ")
+    xp = xp_of(g)
+    gx = xp.empty(g.shape, y.dtype)
+    return gx if g.size == 0 else _run("backward", (_rows(xp, g), _rows(xp, y)), gx, where)
+
+
+def warmup(dtype):
+    """Compile the CPU kernels for ``dtype``."""
+    x = np.zeros((2, 3), dtype)
+    backward(x, forward(x))
