@@ -518,3 +518,24 @@ def test_pytorch_style_causal_attention_block(block, float64):
     np.testing.assert_allclose(out.numpy(), np_causal_self_attention(*ATTENTION_INPUTS),
                                rtol=1e-10, atol=1e-12)
     assert gradcheck(block, *ATTENTION_INPUTS)
+
+
+def test_masked_fill_matches_where_and_its_gradients():
+    """masked_fill (a copy and a masked write) against where: values, the
+    input's gradient exactly 0 where filled even for inf gradients, a
+    tensor value's gradient the sum over filled places; a mask larger than
+    the input broadcasts both, as where."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 4))
+    mask = np.triu(np.ones((4, 4), bool), 1)[None, None]
+    xt = sn.tensor(x, requires_grad=True)
+    value = sn.tensor(-5.0, requires_grad=True)
+    out = xt.masked_fill(sn.tensor(mask), value)
+    np.testing.assert_array_equal(out.numpy(), np.where(mask, -5.0, x))
+    g = rng.standard_normal(x.shape)
+    g[0, 0, 0, 3] = np.inf  # a filled place: its gradient must stay exactly 0
+    out.backward(sn.tensor(g))
+    np.testing.assert_array_equal(xt.grad.numpy(), np.where(mask, 0.0, g))
+    assert value.grad.item() == np.where(mask, g, 0.0).sum()
+    big = sn.tensor(np.ones((4,))).masked_fill(sn.tensor(np.eye(4, dtype=bool)), 0.0)
+    np.testing.assert_array_equal(big.numpy(), 1 - np.eye(4))

