@@ -134,6 +134,19 @@ def test_dropout_forward_and_backward(mode, causal, float64):
         assert gradcheck(fn, q, k, v)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_dropout_factors_equal_the_xp_mask(dtype):
+    """kernels.attention.dropout_factors (Philox compiled per element) keeps
+    exactly what dropout_keep keeps, scaled by 1 / (1 - p), for any block of
+    rows; p = 1 drops everything."""
+    for p, rows in [(0.1, range(0, 7)), (0.5, range(3, 9)), (1.0, range(2, 4))]:
+        keep = katt.dropout_keep(np, (3, 9, 11), rows, 2**40 + 17, p)
+        factors = katt.dropout_factors((3, 9, 11), rows, 2**40 + 17, p, np.dtype(dtype))
+        assert factors.dtype == dtype and factors.shape == keep.shape
+        inv = 0.0 if p >= 1 else 1 / (1 - p)
+        np.testing.assert_array_equal(factors, keep * dtype(inv))
+
+
 def test_dropout_rate_and_streams():
     x = sn.tensor(np.ones((1, 64, 8), np.float32))
     a = call(x, x, x, dropout_p=0.25)

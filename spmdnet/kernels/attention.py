@@ -64,6 +64,35 @@ def dropout_keep(xp, shape, rows, seed, p):
     return philox(index, k0, k1) >= threshold(p)
 
 
+def _dropout_rows(factors, first_row, length, drop, inv_keep, k0, k1):
+    """factors[n, r, j] = inv_keep where element (n, first_row + r, j) of
+    the (N, length, S) probabilities is kept, else 0 (dropout_keep's mask,
+    scaled, without its dozens of uint64 array passes)."""
+    source = factors.shape[2]
+    zero = inv_keep - inv_keep  # 0 in the factors' dtype
+    for n in prange(factors.shape[0]):
+        for r in range(factors.shape[1]):
+            base = (n * length + first_row + r) * source
+            for j in range(source):
+                keep = _philox(np.uint64(base + j), k0, k1) >= drop
+                factors[n, r, j] = inv_keep if keep else zero
+
+
+_dropout_kernel = CpuKernel(_dropout_rows)
+
+
+def dropout_factors(shape, rows, seed, p, dtype):
+    """The kept-and-scaled factors (0 or 1 / (1 - p)) of rows ``rows`` of
+    the (N, L, S) probabilities, as ``dropout_keep`` decides, on the CPU."""
+    n, length, source = shape
+    factors = np.empty((n, len(rows), source), dtype)
+    inv = dtype.type(0.0 if p >= 1 else 1.0 / (1.0 - p))
+    k0, k1 = keys(seed)
+    if factors.size:
+        _dropout_kernel(factors, rows.start, length, threshold(p), inv, k0, k1)
+    return factors
+
+
 @njit_inline
 def _kept(n, i, j, length, source, drop, k0, k1):
     return _philox(np.uint64((n * length + i) * source + j), k0, k1) >= drop

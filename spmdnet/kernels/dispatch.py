@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from .. import config
 from . import activation, embedding, loss, norm, optim_kernels
-from . import conv, pool, softmax
+from . import attention, conv, pool, softmax
 from ._numba import available
 from ._target import array_target
 
@@ -101,6 +101,8 @@ TABLE = {
     # kernels/attention.py (row at a time, no BLAS) measured 1.2x (T=64) to 11x
     # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py)
     "attention": Rule({}),
+    # the op's dropout factors: Philox per element compiled, not ~90 uint64 array passes
+    "attention_dropout": Rule({"forward": attention.dropout_factors}),
     # benchmarks/cnn_step.py shapes, 1 thread: col2im 1.5 against 2.0 ms (conv2's input
     # gradient); max pooling 1.5 against 4.1 ms (pool1). conv.im2col (2-4x slower than
     # NumPy's copy of the strided view there) has no row: the op keeps NumPy's copy.

@@ -115,8 +115,11 @@ class ScaledDotProductAttention(Function):
 
     def _dropout(self, xp, rows):
         """The kept-and-scaled factors of rows ``rows``, regenerated from the seed."""
-        keep = dropout_keep(xp, self.q.shape[:2] + self.k.shape[1:2], rows, self.seed,
-                            self.dropout_p)
+        shape = self.q.shape[:2] + self.k.shape[1:2]
+        kernel = kernels.lookup("attention_dropout", self.q)
+        if kernel is not None:
+            return kernel(shape, rows, self.seed, self.dropout_p, self.q.dtype)
+        keep = dropout_keep(xp, shape, rows, self.seed, self.dropout_p)
         inv = 0.0 if self.dropout_p >= 1 else 1.0 / (1.0 - self.dropout_p)
         return keep * self.q.dtype.type(inv)
 
