@@ -335,6 +335,14 @@ def test_softmax_kernels_match_xp(target, dtype):
         assert y.shape == gx.shape == shape and y.dtype == gx.dtype == dtype
         np.testing.assert_allclose(y, want_y, **tol(dtype), err_msg=f"{shape}")
         np.testing.assert_allclose(gx, want_gx, **tol(dtype), err_msg=f"{shape}")
+        with np.errstate(all="ignore"):
+            y2, lse = softmax.forward_lse(x)
+            want_lse = np.log(np.exp(x.astype(np.float64)).sum(axis=-1))
+            again = softmax.from_lse(x, lse)
+        assert lse.shape == shape[:-1] and lse.dtype == dtype
+        np.testing.assert_array_equal(y2, y)
+        np.testing.assert_allclose(lse, want_lse, **tol(dtype), err_msg=f"{shape}")
+        np.testing.assert_allclose(again, y, **tol(dtype), err_msg=f"{shape}")
 
 
 def test_softmax_kernels_masked_rows(target):

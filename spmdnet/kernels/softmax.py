@@ -8,6 +8,8 @@ backward is ``y * (g - sum(g * y))`` in one pass per row. A row of -inf
 gives NaN (0 * inf), as the xp reference and PyTorch. The plain-xp
 reference is ``spmdnet.ops.nn_ops.Softmax``.
 """
+import math
+
 import numpy as np
 
 from ..backend import xp_of
@@ -21,16 +23,26 @@ cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this
 THREADS = reduce.THREADS  # per block, in the row kernels
 
 
-def _forward(x, out, c):
-    """out[i] = exp(x[i] - max(x[i])) / sum(...); c = (0, 1, -inf)."""
+def _forward(x, out, lse, c):
+    """out[i] = exp(x[i] - m) / s and lse[i] = m + log(s), with m = max(x[i])
+    and s = sum(exp(x[i] - m)); c = (0, 1, -inf)."""
     zero, one, neg_inf = c
     for i in prange(x.shape[0]):
         m = reduce.row_max(x, i, neg_inf)
         for j in range(x.shape[1]):
             out[i, j] = special.exp(x[i, j] - m)
-        inv = one / reduce.row_sum(out, i, zero)
+        total = reduce.row_sum(out, i, zero)
+        lse[i] = m + math.log(total)
+        inv = one / total
         for j in range(x.shape[1]):
             out[i, j] *= inv
+
+
+def _from_lse(x, out, lse, c):
+    """out[i] = exp(x[i] - lse[i]): the softmax again from its log-sum-exp."""
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[i, j] = special.exp(x[i, j] - lse[i])
 
 
 def _backward(g, y, gx, c):
@@ -42,14 +54,15 @@ def _backward(g, y, gx, c):
             gx[i, j] = y[i, j] * (g[i, j] - dot)
 
 
-_cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
+_cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward),
+        "from_lse": CpuKernel(_from_lse)}
 
 
 @Builder
 def _cuda_kernels():
     block_reduce = reduce.cuda_device_functions()["block_reduce"]
 
-    def forward(x, out, c):  # one block per row
+    def forward(x, out, lse, c):  # one block per row
         i, t = cuda.blockIdx.x, cuda.threadIdx.x
         buf = cuda.shared.array(THREADS, numba.float64)
         m = c[2]
@@ -65,6 +78,13 @@ def _cuda_kernels():
         s = block_reduce(buf, t, s, False)
         for j in range(t, x.shape[1], THREADS):
             out[i, j] /= s
+        if t == 0:
+            lse[i] = m + math.log(s)
+
+    def from_lse(x, out, lse, c):  # one block per row
+        i, t = cuda.blockIdx.x, cuda.threadIdx.x
+        for j in range(t, x.shape[1], THREADS):
+            out[i, j] = special.exp(x[i, j] - lse[i])
 
     def backward(g, y, gx, c):  # one block per row
         i, t = cuda.blockIdx.x, cuda.threadIdx.x
@@ -76,7 +96,7 @@ def _cuda_kernels():
         for j in range(t, g.shape[1], THREADS):
             gx[i, j] = y[i, j] * (g[i, j] - s)
 
-    return {"forward": forward, "backward": backward}
+    return {"forward": forward, "backward": backward, "from_lse": from_lse}
 
 
 _CONSTANTS = {}
@@ -93,9 +113,12 @@ def _rows(xp, a):
     return a.reshape(-1, a.shape[-1])
 
 
-def _run(step, arrays, out, where):
+def _run(step, arrays, out, where, lse=None):
     rows = arrays[0]
-    args = (*arrays, out.reshape(rows.shape), _constants(rows.dtype))
+    more = () if lse is None else (lse.reshape(-1),)
+    if step == "from_lse":
+        arrays, more = arrays[:1], arrays[1:]
+    args = (*arrays, out.reshape(rows.shape), *more, _constants(rows.dtype))
     if where == "cpu":
         _cpu[step](*args)
     else:
@@ -105,12 +128,33 @@ def _run(step, arrays, out, where):
 
 def forward(x):
     """softmax(x) over the last axis (x has at least one axis)."""
+    return forward_lse(x)[0]
+
+
+def forward_lse(x):
+    """``(softmax(x), logsumexp(x))`` over the last axis; the second has x's
+    shape without its last axis (scaled dot-product attention keeps it)."""
     where = check_target("softmax", x)
     if x.ndim == 0:
         raise ValueError("softmax kernels: the input needs at least one axis")
     xp = xp_of(x)
+    out, lse = xp.empty(x.shape, x.dtype), xp.empty(x.shape[:-1], x.dtype)
+    if x.size:
+        _run("forward", (_rows(xp, x),), out, where, lse)
+    return out, lse
+
+
+def from_lse(x, lse):
+    """exp(x - lse[..., None]): the softmax of x again, from ``forward_lse``'s
+    log-sum-exp (or any row statistic of x's shape without its last axis)."""
+    where = check_target("softmax", x, lse)
+    if lse.shape != x.shape[:-1]:
+        raise ValueError(f"softmax kernels: lse {lse.shape} does not fit x {x.shape}")
+    xp = xp_of(x)
     out = xp.empty(x.shape, x.dtype)
-    return out if x.size == 0 else _run("forward", (_rows(xp, x),), out, where)
+    if x.size:
+        _run("from_lse", (_rows(xp, x), xp.ascontiguousarray(lse).reshape(-1)), out, where)
+    return out
 
 
 def backward(g, y):
@@ -126,4 +170,6 @@ def backward(g, y):
 def warmup(dtype):
     """Compile the CPU kernels for ``dtype``."""
     x = np.zeros((2, 3), dtype)
-    backward(x, forward(x))
+    y, lse = forward_lse(x)
+    backward(x, y)
+    from_lse(x, lse)

@@ -52,13 +52,17 @@ class ScaledDotProductAttention(Function):
                 return self.out.reshape(lead + self.out.shape[1:])
         self.out = xp.empty((n, length, v.shape[-1]), q.dtype)
         self.lse = xp.empty((n, length), q.dtype)
+        softmax_lse = kernels.lookup("softmax", self.q, step="forward_lse")
         for rows in self._blocks():
             s = self._scores(xp, rows)
-            m = s.max(axis=-1, keepdims=True)
-            p = xp.exp(s - m)
-            total = p.sum(axis=-1, keepdims=True)
-            self.lse[:, rows.start:rows.stop] = (m + xp.log(total))[..., 0]
-            p /= total
+            if softmax_lse is not None:  # one pass per row, no temporaries
+                p, self.lse[:, rows.start:rows.stop] = softmax_lse(s)
+            else:
+                m = s.max(axis=-1, keepdims=True)
+                p = xp.exp(s - m)
+                total = p.sum(axis=-1, keepdims=True)
+                self.lse[:, rows.start:rows.stop] = (m + xp.log(total))[..., 0]
+                p /= total
             if dropout_p > 0:
                 p *= self._dropout(xp, rows)
             xp.matmul(p, self.v, out=self.out[:, rows.start:rows.stop])
@@ -76,9 +80,11 @@ class ScaledDotProductAttention(Function):
         has_mask = len(self.needs_input_grad) > 3  # a mask tensor among the inputs
         want_mask = has_mask and self.needs_input_grad[3] and self.mask.dtype.kind != "b"
         dmask = xp.zeros(self.mask.shape, self.mask.dtype) if want_mask else None
+        from_lse = kernels.lookup("softmax", self.q, step="from_lse")
         for rows in self._blocks():
             r = slice(rows.start, rows.stop)
-            p = xp.exp(self._scores(xp, rows) - self.lse[:, r, None])
+            s = self._scores(xp, rows)
+            p = from_lse(s, self.lse[:, r]) if from_lse else xp.exp(s - self.lse[:, r, None])
             dp = xp.matmul(g[:, r], self.v.transpose(0, 2, 1))
             kept = p
             if self.dropout_p > 0:
@@ -104,8 +110,8 @@ class ScaledDotProductAttention(Function):
         s *= self.scale
         source = s.shape[-1]
         if self.causal:
-            allowed = xp.arange(source)[None, :] <= xp.arange(rows.start, rows.stop)[:, None]
-            s = xp.where(allowed, s, -xp.inf)
+            future = xp.arange(source)[None, :] > xp.arange(rows.start, rows.stop)[:, None]
+            xp.copyto(s, -xp.inf, where=future)  # s is this block's own fresh array
         if self.mask is not None:
             m = self.mask[..., r, :] if self.mask.ndim >= 2 and self.mask.shape[-2] > 1 \
                 else self.mask
