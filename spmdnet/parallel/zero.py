@@ -1,4 +1,4 @@
-"""ZeroRedundancyOptimizer: ZeRO stage 1, PyTorch's name and usage.
+"""ZeroRedundancyOptimizer: ZeRO stages 1 and 2, PyTorch's name and usage.
 
 All parameters become views into one flat buffer, padded to a multiple of
 the communicator size P and cut into P equal shards; rank r owns shard r.
@@ -6,29 +6,52 @@ the communicator size P and cut into P equal shards; rank r owns shard r.
 state, e.g. Adam's two moments, takes 1/P of the memory), then one
 in-place Allgather of the flat buffer gives every rank every parameter.
 
-Two ways to get the gradients:
-- over DataParallel (default): gradients are already averaged; each rank
-  reads its shard of them.
-- ``reduce_gradients=True``, without DataParallel: one Reduce_scatter hands
-  each rank the averaged shard it needs. Reduce-scatter + allgather move the
-  bytes of one allreduce, so this costs no more than plain data parallelism
-  while the optimizer work and state are divided by P.
+How the gradients arrive (``stage`` and ``reduce_gradients``):
+- ``stage=1`` over DataParallel (default): gradients are already averaged;
+  each rank reads its shard of them. Every rank keeps all gradients (Ψ).
+- ``stage=1, reduce_gradients=True``, without DataParallel: at ``step()`` one
+  Reduce_scatter of a full flat gradient buffer hands each rank its averaged
+  shard: ZeRO-2's communication, but backward still builds every full
+  gradient.
+- ``stage=2``, without DataParallel: ZeRO-2. Gradients are reduce-scattered
+  bucket by bucket *during* backward (non-blocking, see ``zero_grads``) and
+  each parameter's full ``.grad`` is dropped in its hook, so between steps a
+  rank keeps only its gradient shard (Ψ/P; ``.grad`` is None on every
+  parameter). Clip with ``zo.clip_grad_norm_(max_norm)`` (the global norm
+  over the shards). Reduce-scatter + allgather move the bytes of one
+  allreduce, as plain data parallelism.
 """
+from itertools import accumulate
+
 import numpy as np
 
 from .. import distributed as dist
 from .._tensor import Tensor
 from ..backend import xp_of
 from ..nn.parameter import Parameter
-from ..optim import Adam
+from ..optim import Adam, clip_grad_norm_
+from .zero_grads import GradientReduceScatter
+from .zero_state import full_state_dict, load_full_state_dict
 
 
 class ZeroRedundancyOptimizer:
-    """Shard ``optimizer_class``'s state over ``comm`` (ZeRO-1)."""
+    """Shard ``optimizer_class``'s state over ``comm`` (ZeRO-1), and with
+    ``stage=2`` the gradients too (ZeRO-2; ``bucket_mb`` caps a bucket of the
+    reduce-scatter during backward; ``close()`` removes its hooks).
+
+    ``params``: parameters, or parameter groups (dicts with ``"params"`` and
+    options, e.g. no weight decay on biases). The flat buffer holds the groups
+    one after another; the wrapped optimizer gets one group per group, whose
+    one parameter is the group's part of this rank's shard (``shard_params``;
+    possibly empty)."""
 
     def __init__(self, params, optimizer_class=Adam, comm=None, reduce_gradients=False,
-                 **defaults):
-        self.params = [p for p in params if p.requires_grad]
+                 stage=1, bucket_mb=25.0, **defaults):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroRedundancyOptimizer stage must be 1 or 2, got {stage!r} "
+                             "(stage 3 is parallel.FullyShardedDataParallel)")
+        self.groups = _param_groups(params)
+        self.params = [p for g in self.groups for p in g["params"]]
         if not self.params:
             raise ValueError("ZeroRedundancyOptimizer got no parameters that require grad")
         dtypes = {str(p.data.dtype) for p in self.params}
@@ -36,12 +59,17 @@ class ZeroRedundancyOptimizer:
             raise ValueError(f"ZeroRedundancyOptimizer needs one dtype, got {sorted(dtypes)}")
         self.comm = dist.comm_or_default(comm)
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
-        self.reduce_gradients = reduce_gradients
+        self.stage, self.reduce_gradients = stage, reduce_gradients or stage == 2
+        if stage == 2 and any(getattr(p, "grad_buffer", None) is not None for p in self.params):
+            raise ValueError("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gradients "
+                             "itself: do not wrap the model in DataParallel (use stage=1 over "
+                             "DataParallel, or stage 2 on the bare model)")
         self._build_flat()
-        self.shard_param = Parameter(self.flat[self.lo:self.hi])
-        self.optim = optimizer_class([self.shard_param], **defaults)
+        self.optim = optimizer_class([dict(g, params=[p]) for g, p in
+                                      zip(self.groups, self.shard_params)], **defaults)
         self.defaults = self.optim.defaults
         self.param_groups = self.optim.param_groups
+        self._grads = GradientReduceScatter(self, bucket_mb) if stage == 2 else None
 
     def _build_flat(self):
         """One padded flat buffer; every parameter's data becomes a view of it."""
@@ -59,10 +87,30 @@ class ZeroRedundancyOptimizer:
             offset += p.data.size
         self.lo, self.hi = self.rank * self.shard_size, (self.rank + 1) * self.shard_size
         self.grad_shard = xp.zeros(self.shard_size, dtype=first.dtype)
-        self._grad_shard_tensor = Tensor(self.grad_shard)  # the shard's .grad, made once
+        # per group: its part of this rank's shard (the last group takes the padding)
+        ends = [0] + list(accumulate(sum(p.data.size for p in g["params"])
+                                     for g in self.groups))
+        ends[-1] = self.flat.size
+        self.segments = [(min(max(a, self.lo), self.hi), min(max(b, self.lo), self.hi))
+                         for a, b in zip(ends[:-1], ends[1:])]
+        self.shard_params = [Parameter(self.flat[a:b]) for a, b in self.segments]
+        self._shard_grads = [Tensor(self.grad_shard if (a, b) == (self.lo, self.hi) else
+                                    self.grad_shard[a - self.lo:b - self.lo])
+                             for a, b in self.segments]  # the shards' .grad, made once
+
+    @property
+    def shard_param(self):
+        """The shard Parameter of a single parameter group (what the optimizer updates)."""
+        if len(self.shard_params) != 1:
+            raise AttributeError(f"shard_param: {len(self.shard_params)} parameter groups; "
+                                 "use shard_params")
+        return self.shard_params[0]
 
     # -- the step --------------------------------------------------------------------
     def zero_grad(self, set_to_none=True):
+        if self._grads is not None:
+            self.grad_shard[...] = 0
+            self._grads.fresh = True
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -71,16 +119,59 @@ class ZeroRedundancyOptimizer:
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        if self.reduce_gradients:
+        if self._grads is not None:
+            self._grads.reduce_if_idle()
+        elif self.reduce_gradients:
             self._reduce_scatter_grads()
         else:
             self._copy_grad_shard()
-        self.shard_param.grad = self._grad_shard_tensor
+        for param, grad in zip(self.shard_params, self._shard_grads):
+            param.grad = grad
         self.optim.step()
         self._allgather_params()
         return loss
 
-    def _segments(self):
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Scale the gradients so their global norm (2 or inf) is at most
+        ``max_norm``; returns the norm before clipping, the same on every rank.
+        Stage 2: over the gradient shards (collective: every rank calls it,
+        after backward and before ``step()``). Stage 1 over DataParallel: the
+        replicated gradients, as ``nn.utils.clip_grad_norm_``."""
+        if self._grads is None:
+            if self.reduce_gradients:
+                raise ValueError("clip_grad_norm_ with reduce_gradients=True: the gradients "
+                                 "are reduced only inside step(); use stage=2")
+            return clip_grad_norm_(self.params, max_norm, norm_type)
+        norm_type = float(norm_type)
+        if norm_type not in (2.0, np.inf):
+            raise ValueError(f"ZeroRedundancyOptimizer.clip_grad_norm_ supports norm_type 2 "
+                             f"or inf, got {norm_type}")
+        g = self.grad_shard
+        if norm_type == 2.0:
+            local = float(xp_of(g).vdot(g, g)) if g.size else 0.0
+            total = dist.allreduce(local, comm=self.comm) ** 0.5
+        else:
+            local = float(abs(g).max()) if g.size else 0.0
+            total = dist.allreduce(local, op="max", comm=self.comm)
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            g *= coef
+        return total
+
+    def grad_bytes(self):
+        """Bytes of gradient arrays this rank holds: stage 2, its shard (plus
+        staging buffers in flight); stage 1, also the parameters' full gradients."""
+        if self._grads is not None:
+            return self._grads.grad_bytes()
+        return self.grad_shard.nbytes + sum(p.grad.data.nbytes for p in self.params
+                                            if p.grad is not None)
+
+    def close(self):
+        """Stage 2: remove the gradient hooks and free the private communicator."""
+        if self._grads is not None:
+            self._grads.close()
+
+    def _owned_parts(self):
         """(param, index, start, stop) of the parts of parameters in this shard,
         as positions within the parameter's flattened data."""
         for i, (p, off) in enumerate(zip(self.params, self.offsets)):
@@ -90,7 +181,7 @@ class ZeroRedundancyOptimizer:
 
     def _copy_grad_shard(self):
         self.grad_shard[...] = 0
-        for p, i, start, stop in self._segments():
+        for p, i, start, stop in self._owned_parts():
             if p.grad is not None:
                 at = self.offsets[i] + start - self.lo
                 self.grad_shard[at:at + stop - start] = p.grad.data.reshape(-1)[start:stop]
@@ -112,53 +203,25 @@ class ZeroRedundancyOptimizer:
     # -- state ---------------------------------------------------------------------
     def state_bytes(self):
         """Bytes of optimizer state this rank holds (the saving is ~1/P)."""
-        state = self.optim.state.get(self.shard_param, {})
-        return sum(v.nbytes for k, v in state.items() if hasattr(v, "nbytes") and
-                   not k.startswith("_"))
+        return sum(v.nbytes for p in self.shard_params
+                   for k, v in self.optim.state.get(p, {}).items()
+                   if hasattr(v, "nbytes") and not k.startswith("_"))
 
     def state_dict(self):
         """The full, unsharded optimizer state (collective: every rank calls it),
-        laid out like the wrapped optimizer's own state_dict over ``params``."""
-        inner = self.optim.state_dict()
-        shard_state = inner["state"].get(0, {})
-        with dist.guarded("broadcast(optimizer state keys)", self.comm):
-            keys = self.comm.bcast(sorted(shard_state), root=0)
-        full = {}
-        for key in keys:
-            value = shard_state[key]
-            if np.ndim(value) == 0:
-                full[key] = value
-                continue
-            gathered = dist.allgather(np.asarray(value), comm=self.comm).reshape(-1)
-            full[key] = gathered
-        state = {}
-        for i, (p, off) in enumerate(zip(self.params, self.offsets)):
-            if keys:
-                state[i] = {k: (v[off:off + p.data.size].reshape(p.data.shape).copy()
-                                if np.ndim(v) else v) for k, v in full.items()}
-        group = dict(inner["param_groups"][0], params=list(range(len(self.params))))
-        return {"state": state, "param_groups": [group]}
+        laid out like the wrapped optimizer's own state_dict over the parameter groups."""
+        return full_state_dict(self)
 
     def load_state_dict(self, state_dict):
         """Load a full (unsharded) state: each rank keeps its shard."""
-        groups = state_dict["param_groups"]
-        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
-            raise ValueError(f"state_dict has {sum(len(g['params']) for g in groups)} "
-                             f"parameters in {len(groups)} groups; this optimizer has "
-                             f"{len(self.params)} in 1")
-        shard = {}
-        entries = state_dict["state"]
-        if entries:
-            keys = entries[0].keys()
-            for key in keys:
-                values = [entries[i][key] for i in range(len(self.params))]
-                if np.ndim(values[0]) == 0:
-                    shard[key] = values[0]
-                    continue
-                flat = np.zeros(self.shard_size * self.size, dtype=np.asarray(values[0]).dtype)
-                for v, p, off in zip(values, self.params, self.offsets):
-                    flat[off:off + p.data.size] = np.asarray(v).reshape(-1)
-                shard[key] = flat[self.lo:self.hi]
-        group = dict(groups[0], params=[0])
-        self.optim.load_state_dict({"state": {0: shard} if shard else {},
-                                    "param_groups": [group]})
+        load_full_state_dict(self, state_dict)
+
+
+def _param_groups(params):
+    """[{"params": [trainable parameters], **options}, ...] from parameters or groups."""
+    params = list(params)
+    groups = [dict(g) for g in params] if params and isinstance(params[0], dict) else [
+        {"params": params}]
+    for g in groups:
+        g["params"] = [p for p in g["params"] if p.requires_grad]
+    return groups
