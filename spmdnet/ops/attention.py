@@ -2,12 +2,13 @@
 
 softmax(q kᵀ · scale + mask) v over any leading dims, PyTorch's mask rules
 (a bool mask is True where attention is allowed, a float one is added,
-``causal`` keeps j <= i, top-left aligned). Forward keeps q, k, v, the
-output and one log-sum-exp per query row: never an (..., L, S) array.
+``causal`` keeps j <= i, top-left aligned). Forward keeps q (times scale),
+k, v, the output and one log-sum-exp per query row: never an (..., L, S) array.
 Query rows go in blocks of ``block_rows`` (peak memory N x block x S, not
 N x L x S); backward recomputes each block's probabilities from the
 log-sum-exp and regenerates the dropout mask from the seed
-(``kernels.attention.dropout_keep``, a Philox counter stream). The Numba
+(``kernels.attention.dropout_keep``, a Philox counter stream; compiled:
+``dropout_factors``). Softmax rows use ``kernels/softmax.py``. The Numba
 kernels (``kernels/attention.py``) take the maskless cases where
 ``kernels/dispatch.py`` says so.
 """
@@ -20,6 +21,14 @@ from ..kernels.attention import dropout_keep
 from ._util import unbroadcast
 
 BLOCK_ELEMENTS = 1 << 20  # scores per block, over all leading dims
+
+
+def _add(total, part):
+    """total + part in place into total (a fresh product); part itself at first."""
+    if total is None:
+        return part
+    total += part
+    return total
 
 
 class ScaledDotProductAttention(Function):
@@ -50,6 +59,9 @@ class ScaledDotProductAttention(Function):
                 self.out, self.lse = kernel(self.q, self.k, self.v, causal, scale, dropout_p,
                                             seed)
                 return self.out.reshape(lead + self.out.shape[1:])
+        # the xp path keeps q * scale in place of q: scores need no scaling
+        # pass (L x S) in forward or backward, and dk = ds^T (q * scale)
+        self.q = self.q * q.dtype.type(scale)
         self.out = xp.empty((n, length, v.shape[-1]), q.dtype)
         self.lse = xp.empty((n, length), q.dtype)
         softmax_lse = kernels.lookup("softmax", self.q, step="forward_lse")
@@ -76,7 +88,7 @@ class ScaledDotProductAttention(Function):
                                 self.scale, self.dropout_p, self.seed)
             return self._unbroadcast(*grads) + ((None,) if len(self.needs_input_grad) > 3 else ())
         dsum = (g * self.out).sum(axis=-1)
-        dq, dk, dv = xp.empty_like(self.q), xp.zeros_like(self.k), xp.zeros_like(self.v)
+        dq, dk, dv = xp.empty_like(self.q), None, None  # dk, dv: sums over the blocks
         has_mask = len(self.needs_input_grad) > 3  # a mask tensor among the inputs
         want_mask = has_mask and self.needs_input_grad[3] and self.mask.dtype.kind != "b"
         dmask = xp.zeros(self.mask.shape, self.mask.dtype) if want_mask else None
@@ -90,13 +102,13 @@ class ScaledDotProductAttention(Function):
             if self.dropout_p > 0:
                 z = self._dropout(xp, rows)
                 kept, dp = p * z, dp * z
-            dv += xp.matmul(kept.transpose(0, 2, 1), g[:, r])
+            dv = _add(dv, xp.matmul(kept.transpose(0, 2, 1), g[:, r]))
             ds = p * (dp - dsum[:, r, None])
             if dmask is not None:
                 self._mask_grad(dmask, ds, r)
-            ds *= self.scale
             xp.matmul(ds, self.k, out=dq[:, r])
-            dk += xp.matmul(ds.transpose(0, 2, 1), self.q[:, r])
+            dq[:, r] *= self.q.dtype.type(self.scale)
+            dk = _add(dk, xp.matmul(ds.transpose(0, 2, 1), self.q[:, r]))
         return self._unbroadcast(dq, dk, dv) + ((dmask,) if has_mask else ())
 
     def _blocks(self):
@@ -106,8 +118,7 @@ class ScaledDotProductAttention(Function):
     def _scores(self, xp, rows):
         """Scores of query rows ``rows`` (N, rows, S), masked."""
         r = slice(rows.start, rows.stop)
-        s = xp.matmul(self.q[:, r], self.k.transpose(0, 2, 1))
-        s *= self.scale
+        s = xp.matmul(self.q[:, r], self.k.transpose(0, 2, 1))  # q is scaled already
         source = s.shape[-1]
         if self.causal:
             future = xp.arange(source)[None, :] > xp.arange(rows.start, rows.stop)[:, None]
