@@ -1,5 +1,5 @@
 """Token data: the character tokenizer's round trip, TokenDataset windows
-(content and count in both window modes, against a plain-Python slicing
+(content and count in every window mode, against a plain-Python slicing
 reference), coverage under the DistributedSampler and DataLoader, and the
 text writer (split, vocabulary, the shipped corpus)."""
 import json
@@ -60,11 +60,58 @@ def test_strided_windows_predict_every_target_once():
     assert sorted(y.ravel().tolist()) == list(range(1, 1 + 7 * len(ds)))
 
 
+@pytest.mark.parametrize("n,block", [(12, 3), (9, 8), (40, 5)])
+def test_random_windows_are_fresh_per_epoch_and_reproducible(n, block):
+    tokens = np.arange(100, 100 + n)
+    ds = TokenDataset(tokens, block, windows="random", seed=7)
+    assert len(ds) == (n - 1) // block  # as many as the strided windows
+    every = np.arange(len(ds))
+    seen, per_epoch = set(), []
+    for epoch in range(60):
+        ds.set_epoch(epoch)
+        x, y = ds[every]
+        starts = x[:, 0] - 100
+        for i, s in enumerate(starts.tolist()):  # next-token slices of a valid start
+            assert 0 <= s <= n - block - 1
+            assert x[i].tolist() == list(tokens[s:s + block])
+            assert y[i].tolist() == list(tokens[s + 1:s + block + 1])
+        assert np.array_equal(ds.starts(every[::-1]), starts[::-1])  # fixed within the epoch
+        seen |= set(starts.tolist())
+        per_epoch.append(starts)
+    assert seen == set(range(n - block))  # every valid start drawn, over the epochs
+    if n - block > 2:
+        assert any(not np.array_equal(per_epoch[0], p) for p in per_epoch[1:])  # fresh
+    again = TokenDataset(tokens, block, windows="random", seed=7)  # another rank, or a resume
+    again.set_epoch(5)
+    assert np.array_equal(again[every][0][:, 0] - 100, per_epoch[5])
+    other = TokenDataset(np.arange(1000), 4, windows="random", seed=8)
+    same = TokenDataset(np.arange(1000), 4, windows="random", seed=7)
+    assert not np.array_equal(other.starts(np.arange(len(other))),
+                              same.starts(np.arange(len(same))))
+
+
+def test_random_windows_under_the_sampler_and_loader():
+    ds = TokenDataset(np.arange(203), 8, windows="random", seed=1)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        got = []
+        for rank in range(3):
+            sampler = DistributedSampler(ds, num_replicas=3, rank=rank, seed=3, drop_last=True)
+            sampler.set_epoch(epoch)
+            for x, y in DataLoader(ds, 4, sampler=sampler):
+                assert np.array_equal(y[:, :-1], x[:, 1:])
+                got += x[:, 0].tolist()
+        whole = DistributedSampler(ds, 1, 0, seed=3, drop_last=True)
+        whole.set_epoch(epoch)
+        want = ds.starts(whole.global_indices()[:len(got)])
+        assert sorted(got) == sorted(want.tolist())
+
+
 def test_bad_arguments_fail_with_a_message(tmp_path):
     with pytest.raises(ValueError, match="block_size"):
         TokenDataset(np.arange(10), 0)
     with pytest.raises(ValueError, match="windows"):
-        TokenDataset(np.arange(10), 2, windows="random")
+        TokenDataset(np.arange(10), 2, windows="overlapping")
     with pytest.raises(ValueError, match="fewer than block_size"):
         TokenDataset(np.arange(4), 4)
     with pytest.raises(ValueError, match="1-D integer"):

@@ -8,7 +8,10 @@ shifted by one). ``windows="all"`` takes every start position
 per epoch by the DistributedSampler); ``windows="strided"`` takes
 non-overlapping windows at starts ``0, block_size, 2 * block_size, ...``
 (``(n - 1) // block_size`` samples: every target predicted once, for an
-exact validation loss). Indexed like ``HDF5Dataset`` (``len(ds)``,
+exact validation loss); ``windows="random"`` takes as many windows as
+"strided" but each starts at a random offset, drawn afresh per epoch
+(``set_epoch``) from ``seed`` and the epoch alone, so every rank and every
+resumed run sees the same windows. Indexed like ``HDF5Dataset`` (``len(ds)``,
 ``ds[index_array] -> (x, y)``, int64), so ``DistributedSampler``,
 ``DataLoader`` and ``evaluate`` work unchanged.
 
@@ -24,7 +27,7 @@ import numpy as np
 from ..distributed import rank_label
 
 CORPUS = Path(__file__).with_name("corpus.txt")
-WINDOWS = ("all", "strided")
+WINDOWS = ("all", "strided", "random")
 
 
 def _h5py():
@@ -87,12 +90,12 @@ class TokenDataset:
     """Next-token windows over a 1-D token array: an HDF5 file's dataset
     ``key`` (read into memory once, by each process) or an array.
 
-    ``block_size``: tokens per input; ``windows``: "all" or "strided" (see
-    the module's notes)."""
+    ``block_size``: tokens per input; ``windows``: "all", "strided" or
+    "random" (see the module's notes; ``seed`` and ``set_epoch`` for "random")."""
 
     cached = True  # the tokens are in memory: the DataLoader reads inline
 
-    def __init__(self, source, block_size, windows="all", key="tokens"):
+    def __init__(self, source, block_size, windows="all", key="tokens", seed=0):
         if int(block_size) != block_size or block_size < 1:
             raise ValueError(f"TokenDataset: block_size must be a positive integer, got "
                              f"{block_size!r}")
@@ -113,8 +116,14 @@ class TokenDataset:
             raise ValueError(f"TokenDataset: {where} holds {len(self.tokens)} tokens, fewer "
                              f"than block_size + 1 = {self.block_size + 1} (rank "
                              f"{rank_label()})")
-        self._stride = self.block_size if windows == "strided" else 1
+        self._stride = 1 if windows == "all" else self.block_size
         self._offsets = np.arange(self.block_size + 1, dtype=np.int64)
+        self.seed, self.epoch, self._random_starts = int(seed), 0, None
+
+    def set_epoch(self, epoch):
+        """With ``windows="random"``: use the window starts of ``epoch``."""
+        if int(epoch) != self.epoch:
+            self.epoch, self._random_starts = int(epoch), None
 
     @staticmethod
     def _read(path, key):
@@ -139,7 +148,12 @@ class TokenDataset:
         n = len(self)
         if index.size and (index.min() < -n or index.max() >= n):
             raise IndexError(f"TokenDataset: index out of range for {n} windows")
-        return (index % n) * self._stride
+        if self.windows != "random":
+            return (index % n) * self._stride
+        if self._random_starts is None:  # uniform over every valid start, per epoch
+            rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch]))
+            self._random_starts = rng.integers(0, len(self.tokens) - self.block_size, n)
+        return self._random_starts[index % n]
 
     def __getitem__(self, index):
         """``(x, y)`` of the windows in ``index`` (an int or an index array),

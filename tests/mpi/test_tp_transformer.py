@@ -2,7 +2,8 @@
 the same seed (float64): ParallelSelfAttention vs nn.MultiheadAttention,
 VocabParallelEmbedding vs nn.Embedding, vocab_parallel_cross_entropy vs
 F.cross_entropy (ignored targets included), a tiny GPT (forward, gradients,
-three AdamW steps), and the QKV-by-heads state dict round trip."""
+three AdamW steps; also TP=2 x DP over the rest against the serial GPT on
+the global batch), and the QKV-by-heads state dict round trip."""
 import numpy as np
 import pytest
 
@@ -141,11 +142,14 @@ class GPT(nn.Module):
         self.head = nn.Linear(E, V, bias=False) if comm is None else \
             parallel.ColumnParallelLinear(E, V, comm, bias=False)
 
-    def loss(self, idx, target):
-        h = self.tok(sn.tensor(idx))
+    def forward(self, idx):
+        h = self.tok(idx)
         for block in self.blocks:
             h = block(h)
-        logits = self.head(self.lnf(h))
+        return self.head(self.lnf(h))  # (B, T, V / tp) logits
+
+    def loss(self, idx, target, logits=None):
+        logits = self(sn.tensor(idx)) if logits is None else logits
         logits = logits.reshape(-1, logits.shape[-1])
         if self.comm is None:
             return F.cross_entropy(logits, target.reshape(-1))
@@ -184,6 +188,42 @@ def test_gpt_equals_serial(mesh):
         assert full.keys() == want.keys()
         for key, value in want.items():
             np.testing.assert_allclose(full[key], value, **after, err_msg=key)
+
+
+def test_gpt_tp2_with_data_parallel_equals_serial_on_the_global_batch():
+    """tp = 2, dp = size / 2 (2 x 2 at 4 ranks): each dp rank's TP GPT runs
+    its rows of the global batch, DataParallel over mesh.dp averages the
+    gradients; the serial GPT runs the whole batch."""
+    if dist.size() % 2:
+        pytest.skip(f"tp=2 does not divide {dist.size()} ranks")
+    with dist.Mesh(tp=2) as mesh:
+        sn.manual_seed(0)
+        serial = GPT()
+        sn.manual_seed(0)
+        model = GPT(mesh.tp)
+        ddp = parallel.DataParallel(model, comm=mesh.dp)
+        rows = slice(2 * mesh.dp_rank, 2 * mesh.dp_rank + 2)  # 2 windows per dp rank
+        rng = np.random.default_rng(1)
+        opts = [optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1)
+                for net in (serial, model)]
+        for _ in range(3):
+            shape = (2 * mesh.dp_size, T)
+            idx, target = rng.integers(0, V, shape), rng.integers(0, V, shape)
+            for opt in opts:
+                opt.zero_grad()
+            want = serial.loss(idx, target)
+            want.backward()
+            loss = model.loss(idx[rows], target[rows], logits=ddp(sn.tensor(idx[rows])))
+            loss.backward()  # returns with the gradients averaged over mesh.dp
+            mean = dist.allreduce(float(loss.data), "mean", comm=mesh.dp)
+            np.testing.assert_allclose(mean, float(want.data), **TOL)
+            assert_grads_match(serial, model, mesh)
+            for opt in opts:
+                opt.step()
+        want = serial.state_dict()
+        for key, p in model.named_parameters():
+            np.testing.assert_allclose(p.data, local(want[key], p, mesh), rtol=1e-9, atol=1e-9,
+                                       err_msg=key)
 
 
 def test_state_dict_round_trip_by_heads(mesh):
