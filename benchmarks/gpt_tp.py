@@ -1,0 +1,123 @@
+"""The GPT of examples/train_gpt.py, tensor parallel over N ranks against the serial step.
+
+    python benchmarks/gpt_tp.py [--ranks 2] [--steps 20] [--n-embd 128] [--batch 16]
+
+GPT with 4 heads, block 64, 2 layers, vocabulary 64 (the example's padded
+65), float32, AdamW, global batch --batch, one BLAS thread per rank. The
+script launches itself under ``mpiexec -n N`` and interleaves:
+  serial  every rank runs the whole dense step on the whole batch alone
+  tpN     heads, MLP and vocabulary split over the N ranks (ParallelSelfAttention,
+          column -> row MLP, VocabParallelEmbedding, vocab-parallel loss), every
+          rank the whole batch: two allreduces of B x T x d per block each way
+and prints the median step of the slowest rank, the speed-up over serial
+(ideal N; tensor parallelism pays when the products dominate the allreduces
+and the per-op overhead, so it grows with --n-embd) and the bytes each rank
+hands to allreduce per step.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import spmdnet as sn
+import spmdnet.functional as F
+from spmdnet import dist, launch, optim, parallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from train_gpt import GPT, load_part  # noqa: E402 - the example's model
+
+T, LAYERS, HEADS, VOCAB = 64, 2, 4, 64
+
+
+class Counter:
+    """Payload bytes handed to allreduce since the last reset."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def wrap(self, fn):
+        def counted(x, *args, **kwargs):
+            self.bytes += getattr(x, "data", x).nbytes
+            return fn(x, *args, **kwargs)
+        return counted
+
+
+def build(variant, n_embd, mesh):
+    """(model, AdamW) for a variant, both from the serial model of seed 0."""
+    sn.manual_seed(0)
+    serial = GPT(VOCAB, T, LAYERS, HEADS, n_embd)
+    serial.init_weights(LAYERS)
+    model = serial
+    if variant == "tpN":
+        model = GPT(VOCAB, T, LAYERS, HEADS, n_embd, tp=mesh.tp)
+        load_part(model, serial.state_dict(), mesh, 0)
+    return model, optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def loss_of(variant, model, x, y, mesh):
+    logits = model(x)
+    if variant == "tpN":
+        return parallel.vocab_parallel_cross_entropy(logits.view(-1, logits.size(-1)),
+                                                     y.view(-1), mesh.tp)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+
+def child(args):
+    world = dist.init()
+    counter = Counter()
+    slowest = dist.allreduce  # not counted
+    dist.allreduce = counter.wrap(dist.allreduce)
+    mesh = dist.Mesh(tp=world.size)
+    runs = {v: build(v, args.n_embd, mesh) for v in ("serial", "tpN")}
+    rng = np.random.default_rng(0)
+    x = sn.tensor(rng.integers(0, VOCAB, (args.batch, T)))
+    y = sn.tensor(rng.integers(0, VOCAB, (args.batch, T)))
+    times, sent = {v: [] for v in runs}, {v: [] for v in runs}
+    for i in range(args.steps + 3):
+        for v, (model, opt) in runs.items():
+            world.comm.Barrier()
+            counter.bytes = 0
+            t0 = time.perf_counter()
+            loss = loss_of(v, model, x, y, mesh)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i >= 3:  # warm-up: kernel compilation, first allocations
+                times[v].append(time.perf_counter() - t0)
+                sent[v].append(counter.bytes)
+    result = {v: [slowest(float(np.median(times[v])), op="max"), int(np.median(sent[v]))]
+              for v in runs}
+    if world.rank == 0:
+        print(json.dumps(result))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+    if HEADS % args.ranks or VOCAB % args.ranks:
+        p.error(f"--ranks {args.ranks} must divide the {HEADS} heads and the vocabulary {VOCAB}")
+    out = launch.run(args.ranks, __file__, "--child", "--n-embd", args.n_embd, "--batch",
+                     args.batch, "--steps", args.steps, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    print(f"GPT d={args.n_embd}, {HEADS} heads, T={T}, {LAYERS} layers, vocabulary {VOCAB}, "
+          f"batch {args.batch}, float32, AdamW; {args.ranks} ranks, 1 BLAS thread each, "
+          f"median of {args.steps} steps (slowest rank)")
+    print(f"{'variant':>16} {'step_ms':>8} {'speedup':>8} {'MB/step':>9}")
+    names = {"serial": "serial (1 rank)", "tpN": f"tp={args.ranks}"}
+    for v, (step, nbytes) in r.items():
+        print(f"{names[v]:>16} {step * 1e3:>8.1f} {r['serial'][0] / step:>8.2f} "
+              f"{nbytes / 1e6:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()
