@@ -10,15 +10,19 @@ multiple of the group size N, ceil(numel / N) elements each);
 Full parameters exist only while their unit runs. A wrapped unit is one
 autograd ``Function`` (``fsdp_units.UnitRun``): all-gather, forward without a
 graph, free; in backward all-gather again, recompute the unit's forward with
-a graph, backpropagate, reduce-scatter the flat gradient into the shard's
-``.grad`` (the mean over the group, as DataParallel), free. Only a unit's
+a graph, backpropagate, start the non-blocking reduce-scatter of the flat
+gradient into the shard's ``.grad`` (the mean over the group, as
+DataParallel; it travels during the earlier units' backward, polled from
+the parameters' gradient hooks, and is complete when backward returns),
+free. Gathered parameters and flat gradients are pooled buffers, reused
+from unit to unit and step to step (``fsdp_units.Pool``). Only a unit's
 inputs are kept between forward and backward (activation checkpointing per
-unit: about one more forward of compute). The root unit, and every unit with
-``reshard_after_forward=False``, is gathered for the whole forward and
-backward and reduced when backward ends. Parameters that get no gradient
-contribute zeros. All ranks must run the same units in the same order (as
-PyTorch's FSDP). A parameter shared by two units is an error; one shared
-inside a unit is fine.
+unit: about one more forward of compute); ``state_dict`` works there too.
+The root unit, and every unit with ``reshard_after_forward=False``, is
+gathered for the whole forward and backward and reduced when backward ends.
+Parameters that get no gradient contribute zeros. All ranks must run the
+same units in the same order (as PyTorch's FSDP). A parameter shared by two
+units is an error; one shared inside a unit is fine.
 """
 import math
 
@@ -31,9 +35,9 @@ from ..autograd import is_grad_enabled, queue_callback
 from ..nn.module import Module
 from .data_parallel import (DataParallel, _BackwardSentinel, check_same_parameters,
                             nonfinite_mode)
-from .fsdp_prefetch import Prefetcher
+from .fsdp_prefetch import Prefetcher, ReduceScatters
 from .fsdp_state import full_optim_state, load_full_optim_state
-from .fsdp_units import Flat, Unit, UnitRun
+from .fsdp_units import Flat, Pool, Unit, UnitRun
 
 
 def _policy(wrap):
@@ -79,13 +83,16 @@ class FullyShardedDataParallel(Module):
     their own shard units. ``reshard_after_forward=False`` keeps every unit's
     full parameters from its forward to the end of backward (no
     recomputation, more memory). ``prefetch``: start the next unit's
-    all-gather while this one computes (``fsdp_prefetch``). ``nonfinite``:
+    all-gather while this one computes (``fsdp_prefetch``). ``overlap``:
+    reduce-scatter each unit's gradient non-blocking as soon as its backward
+    is done, overlapped with the earlier units' backward (False: blocking,
+    for comparison). ``nonfinite``:
     as DataParallel's ("ignore"/None, "raise" or "skip"), local gradients
     checked before their reduce-scatter, the decision agreed by all ranks.
     """
 
     def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True,
-                 nonfinite="ignore"):
+                 nonfinite="ignore", overlap=True):
         super().__init__()
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         world = dist.init() if comm is None else dist.world()
@@ -101,7 +108,7 @@ class FullyShardedDataParallel(Module):
         for _, b in module.named_buffers():
             dist.broadcast(b.data, root=0, comm=self.comm)
         self.units, self._sync = [], True
-        self._finish_scheduled = False
+        self._finish_scheduled = self._open_forward = False
         for uname, (mod, params) in _owners(module, _policy(wrap)).items():
             flats = self._flats(uname, params)
             if uname and not flats:
@@ -110,14 +117,19 @@ class FullyShardedDataParallel(Module):
             self.units.append(unit)
             if unit.recompute:
                 object.__setattr__(mod, "forward", self._runner(unit))
-        self.prefetcher = Prefetcher(self.comm, prefetch)
+        self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
+        self.reducer = ReduceScatters(self.comm, overlap)
+        # MPICH progresses non-blocking collectives only inside MPI calls: every
+        # gradient accumulated into a unit parameter polls the requests in flight.
+        self._hooks = [p.register_post_accumulate_grad_hook(self._poke_hook)
+                       for f in self.flats() for p in f.params]
         # The model's own state_dict would save its freed (zero-size) parameters:
         # on the wrapped model, as on the wrapper, it is the gathered full state.
         object.__setattr__(module, "state_dict", self.state_dict)
         object.__setattr__(module, "load_state_dict", self.load_state_dict)
         for i, unit in enumerate(self.units):
             for j, f in enumerate(unit.flats):
-                f.source = self.prefetcher
+                f.source, f.pool = self.prefetcher, self.pool
                 f.bad = [] if self.nonfinite != "ignore" else None
                 self.register_parameter(f"shard_{i}_{j}", f.shard)
 
@@ -134,7 +146,7 @@ class FullyShardedDataParallel(Module):
             if not is_grad_enabled():
                 unit.gather()
                 try:
-                    return unit.forward(*args, **kwargs)
+                    return _owned(unit.forward(*args, **kwargs), [unit])
                 finally:
                     unit.free()
             bad = [type(a).__name__ for a in args if not isinstance(a, Tensor)]
@@ -150,6 +162,7 @@ class FullyShardedDataParallel(Module):
     def forward(self, *args, **kwargs):
         kept = [u for u in self.units if not u.recompute]
         grad = is_grad_enabled()
+        self._open_forward = False
         self.prefetcher.begin("forward")
         for unit in kept:
             unit.gather()
@@ -165,7 +178,9 @@ class FullyShardedDataParallel(Module):
         finally:
             self.prefetcher.end()
         if grad and getattr(out, "requires_grad", False):
+            self._open_forward = True
             return _BackwardSentinel.apply(out, owner=self)  # -> _schedule_finish
+        out = _owned(out, kept)
         self._free(kept)
         return out
 
@@ -174,6 +189,14 @@ class FullyShardedDataParallel(Module):
         for unit in units:
             unit.homes = None
             unit.free()
+
+    def poke(self):
+        """Let MPI progress the gathers and reduce-scatters in flight."""
+        self.prefetcher.poke()
+        self.reducer.poke()
+
+    def _poke_hook(self, p):
+        self.poke()
 
     def _schedule_finish(self):
         if not self._finish_scheduled:
@@ -184,20 +207,23 @@ class FullyShardedDataParallel(Module):
     def _finish(self):
         """After backward: reduce the kept units; shards of units whose
         backward did not run (no gradient reached them) get zeros."""
-        self._finish_scheduled = False
+        self._finish_scheduled = self._open_forward = False
         self.prefetcher.end()
+        self.reducer.wait_all()
         for unit in self.units:
             if unit.recompute:
                 if not unit.ran_backward and self._sync:
                     for f in unit.flats:
-                        f.add_grad(f.xp.zeros_like(f.shard.data) if f.acc is None
-                                   else f.reduce(f.xp.zeros_like(f.acc), True))
+                        if f.acc is None:
+                            f.add_grad(f.xp.zeros_like(f.shard.data))
+                        else:
+                            self.reducer.start(f, f.prepare(f.xp.zeros_like(f.acc), True))
                 continue
             if unit.homes is None:
                 continue
-            for f, g in zip(unit.flats, unit.reduce_grads(self._sync)):
-                f.add_grad(g)
+            unit.reduce_grads(self._sync, self.reducer)
             unit.free()
+        self.reducer.wait_all()
         if self._sync:
             self.steps += 1
             if self.nonfinite != "ignore":
@@ -258,18 +284,27 @@ class FullyShardedDataParallel(Module):
 
     # -- state -----------------------------------------------------------------------
     def state_dict(self, rank0_only=False):
-        """The full state with the original model's keys (every rank, or rank 0 only)."""
-        for f in self.flats():
+        """The full state with the original model's keys (every rank, or rank 0
+        only). Between forward and backward too: units whose full parameters
+        a pending backward holds stay as they are (not gathered, not freed)."""
+        gathered = [f for f in self.flats() if not f.live]
+        for f in gathered:
             f.gather()
         try:
             state = Module.state_dict(self.module)
         finally:
-            for f in self.flats():
+            for f in gathered:
                 f.free()
         return {} if rank0_only and self.rank else state
 
     def load_state_dict(self, state, strict=True):
-        """Load a full state (as ``state_dict`` returns) and keep this rank's shards."""
+        """Load a full state (as ``state_dict`` returns) and keep this rank's
+        shards. Not between forward and backward (RuntimeError): the pending
+        backward would recompute or differentiate with other parameters."""
+        if self._open_forward:
+            raise RuntimeError("FSDP.load_state_dict called between forward and backward: "
+                               "the pending backward needs the parameters its forward "
+                               "used; run backward first (or the forward under no_grad)")
         fulls = [(f, f.gather()) for f in self.flats()]
         try:
             result = Module.load_state_dict(self.module, state, strict=strict)
@@ -318,11 +353,26 @@ class FullyShardedDataParallel(Module):
                 p.grad = None
         for unit in self.units:
             unit.module.__dict__.pop("forward", None)
+        self.pool.clear()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
         for attr in ("state_dict", "load_state_dict"):
             self.module.__dict__.pop(attr, None)
         if self.comm is not None:
             dist.free(self.comm)
             self.comm = None
+
+
+def _owned(out, units):
+    """``out`` (a unit's or the model's output) without views of the units'
+    gathered parameters, which go back to the pool when freed."""
+    if not isinstance(out, Tensor):
+        return out
+    data = out.data
+    for unit in units:
+        data = unit.own(data)
+    return out if data is out.data else Tensor(data)
 
 
 class _Shape:

@@ -1,4 +1,6 @@
-"""Prefetching all-gathers for FullyShardedDataParallel.
+"""Non-blocking collectives of FullyShardedDataParallel: prefetching
+all-gathers (``Prefetcher``) and overlapped gradient reduce-scatters
+(``ReduceScatters``).
 
 A step gathers the flat shards in an order that repeats from step to step
 (forward: the units in execution order; backward: their recomputations in
@@ -13,7 +15,15 @@ not change inside a phase, so a prefetched copy is never stale.
 MPICH progresses non-blocking collectives only inside MPI calls: every
 gather and ``poke()`` tests the requests in flight. Device (CuPy) shards use
 blocking gathers (the host staging of ``dist.allgather``).
+
+Both start their requests on the raw communicator and complete them inside
+``dist.guarded`` (as DataParallel's reducer), in start order on every rank,
+so the sequence numbers, the check mode and the watchdog see every one.
+``wait_s`` sums the seconds spent waiting (the exposed communication:
+``Wait()`` of non-blocking requests, and the whole of blocking calls).
 """
+import time
+
 from .. import distributed as dist
 from ..backend import is_cupy_array
 
@@ -23,16 +33,20 @@ class Prefetcher:
         self.comm, self.enabled = comm, enabled and comm.Get_size() > 1
         self.last = {}  # phase -> [flat] gathered in that phase last time
         self.phase, self.seen, self.pending = None, [], {}
-        self.hits = 0
+        self.hits, self.wait_s = 0, 0.0
 
     def begin(self, phase):
+        """Start a phase; its first flat's gather starts at once (known from last time)."""
         self.end()
         self.phase = phase
+        order = self.last.get(phase, ())
+        if self.enabled and order and not is_cupy_array(order[0].shard.data):
+            self._start(order[0])
 
     def end(self):
         """Complete every request in flight; remember this phase's order."""
         for flat in list(self.pending):
-            self._wait(flat)
+            flat.give(self._wait(flat))  # a wrong guess: the buffer goes back to the pool
         if self.phase is not None:
             self.last[self.phase] = self.seen
         self.phase, self.seen = None, []
@@ -41,7 +55,9 @@ class Prefetcher:
         """The full (padded) flat array of ``flat``: prefetched or gathered now."""
         full = self._wait(flat) if flat in self.pending else None
         if full is None:
-            full = flat.allgather()
+            t0 = time.perf_counter()
+            full = flat.gather_params()
+            self.wait_s += time.perf_counter() - t0
         else:
             self.hits += 1
         if self.phase is None:
@@ -58,12 +74,66 @@ class Prefetcher:
             dist.mpi().Request.Testall([req for req, _ in self.pending.values()])
 
     def _start(self, flat):
-        buf = flat.xp.empty(flat.shard_numel * flat.size, flat.dtype)
+        buf = flat.take()
         req = self.comm.Iallgather(flat.shard.data, buf)
         self.pending[flat] = (req, buf)
+        self.poke()  # a first progress call: the transfer starts before the next compute
 
     def _wait(self, flat):
         req, buf = self.pending.pop(flat)
+        t0 = time.perf_counter()
         with dist.guarded("allgather(FSDP prefetch)", self.comm, buf):
             req.Wait()
+        self.wait_s += time.perf_counter() - t0
         return buf
+
+
+class ReduceScatters:
+    """Gradient reduce-scatters in flight: ``start(flat, full)`` begins the
+    sum of the full flat gradient over the group, in place
+    (``Ireduce_scatter_block(IN_PLACE)``: this rank's slice lands at the
+    start of ``full``, no receive buffer); ``wait_all()`` completes them in
+    start order, divides by the group size (the mean, as DataParallel) and
+    adds each slice to its shard's ``.grad``. ``enabled=False`` (or CuPy
+    buffers): blocking ``dist.reduce_scatter`` at ``start``."""
+
+    def __init__(self, comm, enabled=True):
+        self.comm, self.size = comm, comm.Get_size()
+        self.enabled = enabled
+        self.pending = []  # (flat, request, full gradient)
+        self.wait_s = 0.0
+
+    def start(self, flat, full):
+        if full is None:  # no_sync: the local gradient stays in flat.acc
+            return
+        if self.size == 1:
+            owned = flat.shard.grad is None  # the shard's new .grad is the flat itself
+            flat.add_grad(full)
+            if not owned:
+                flat.give(full)
+        elif not self.enabled or is_cupy_array(full):
+            t0 = time.perf_counter()
+            flat.add_grad(dist.reduce_scatter(full, op="mean", comm=self.comm))
+            self.wait_s += time.perf_counter() - t0
+            flat.give(full)
+        else:
+            req = self.comm.Ireduce_scatter_block(dist.mpi().IN_PLACE, full, dist.mpi().SUM)
+            self.pending.append((flat, req, full))
+            self.poke()
+
+    def poke(self):
+        if self.pending:
+            dist.mpi().Request.Testall([entry[1] for entry in self.pending])
+
+    def wait_all(self):
+        while self.pending:
+            flat, req, full = self.pending.pop(0)
+            t0 = time.perf_counter()
+            with dist.guarded("reduce_scatter(FSDP gradient)", self.comm, full):
+                req.Wait()
+            self.wait_s += time.perf_counter() - t0
+            mine = full[:flat.shard_numel]
+            mine /= self.size
+            # a new .grad is a copy: a view would keep the whole flat gradient alive
+            flat.add_grad(mine if flat.shard.grad is not None else mine.copy())
+            flat.give(full)

@@ -4,8 +4,12 @@ A ``Flat`` holds some parameters of one unit as ONE flat shard per rank: the
 parameters raveled one after the other, zero-padded to a multiple of the
 group size N, this rank's 1/N slice kept as a ``Parameter`` (what the
 optimizer updates). Between uses the original parameters hold zero-size
-arrays; ``gather`` all-gathers the shard into a fresh full array and points
-each parameter's ``.data`` at its view; ``free`` drops it again.
+arrays; ``gather`` all-gathers the shard into a full array and points each
+parameter's ``.data`` at its view; ``free`` drops it again. Full arrays and
+flat gradients come from a ``Pool`` and go back to it when freed (or, for
+gradients, when their reduce-scatter is done): a step reuses the same few
+buffers instead of allocating (and page-faulting) new ones. A unit's output
+that is a view of its gathered parameters is copied before they are freed.
 
 A ``Unit`` is a module whose parameters form their own flats (the wrap
 policy), or the root. Wrapped units run through ``UnitRun``, one autograd
@@ -14,8 +18,12 @@ recording a graph (no op can save a full parameter) and frees; its backward
 gathers again, re-runs the module's forward with a graph (activation
 recomputation, restoring the RNG state and the module's buffers, so dropout
 masks and running statistics are those of the first run), backpropagates the
-output gradient into a flat gradient buffer, reduce-scatters it (the mean
-over the group, as DataParallel) into the shard's gradient and frees.
+output gradient into a flat gradient buffer, starts its non-blocking
+reduce-scatter (the mean over the group, as DataParallel; completed before
+backward returns, see ``fsdp_prefetch.ReduceScatters``) and frees. At most
+one unit's reduce-scatter is in flight when the next starts: it travels
+while the next unit (the previous one in forward order) recomputes and
+backpropagates.
 """
 import math
 
@@ -23,8 +31,32 @@ from .. import distributed as dist
 from .. import random as sn_random
 from .._tensor import Tensor
 from ..autograd import Function, enable_grad, no_grad
-from ..backend import xp_of
+from ..backend import is_cupy_array, xp_of
 from ..nn import Parameter
+
+
+class Pool:
+    """Free flat buffers by (array module, length, dtype), reused by ``take``."""
+
+    def __init__(self):
+        self.stacks = {}
+
+    @staticmethod
+    def _key(xp, n, dtype):
+        return xp.__name__, int(n), str(dtype)
+
+    def take(self, xp, n, dtype):
+        stack = self.stacks.get(self._key(xp, n, dtype))
+        return stack.pop() if stack else xp.empty(n, dtype)
+
+    def give(self, buf):
+        self.stacks.setdefault(self._key(xp_of(buf), buf.size, buf.dtype), []).append(buf)
+
+    def nbytes(self):
+        return sum(b.nbytes for stack in self.stacks.values() for b in stack)
+
+    def clear(self):
+        self.stacks.clear()
 
 
 class Flat:
@@ -48,7 +80,17 @@ class Flat:
         self.acc = None  # the local full gradient kept across no_sync() steps
         self.source = None  # a Prefetcher, set by FullyShardedDataParallel
         self.bad = None  # a list: names of parameters whose local gradient is NaN/Inf
+        self.pool, self.full = None, None  # set by FullyShardedDataParallel; the gathered array
         self.free()
+
+    def take(self):
+        """An uninitialised full-length flat buffer (from the pool when set)."""
+        n = self.shard_numel * self.size
+        return self.pool.take(self.xp, n, self.dtype) if self.pool else self.xp.empty(n, self.dtype)
+
+    def give(self, buf):
+        if self.pool is not None:
+            self.pool.give(buf)
 
     # -- parameters ------------------------------------------------------------------
     def allgather(self, shard=None):
@@ -59,19 +101,36 @@ class Flat:
             return shard.copy()
         return dist.allgather(shard, comm=self.comm).reshape(-1)
 
+    def gather_params(self):
+        """The full flat parameters, all-gathered (blocking) into a pooled buffer."""
+        if is_cupy_array(self.shard.data):
+            return self.allgather()
+        buf = self.take()
+        if self.size == 1:
+            buf[...] = self.shard.data
+            return buf
+        with dist.guarded("allgather(FSDP parameters)", self.comm, self.shard.data):
+            self.comm.Allgather(self.shard.data, buf)
+        return buf
+
     def gather(self):
         """All-gather the shard (through ``source``, the prefetcher, when set);
         point every parameter at its view. Returns the full array."""
-        full = self.source.fetch(self) if self.source is not None else self.allgather()
+        full = self.source.fetch(self) if self.source is not None else self.gather_params()
         self.view(full)
         return full
 
     def view(self, full):
+        self.live, self.full = True, full
         for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
             p.data = full[off:off + n].reshape(shape)
 
     def free(self):
         """Full parameters and gradients dropped: zero-size arrays remain."""
+        self.live = False
+        if self.full is not None:
+            self.give(self.full)
+            self.full = None
         for p in self.params:
             p.data = self.xp.empty(0, self.dtype)
             p.grad_buffer = None
@@ -85,20 +144,23 @@ class Flat:
     # -- gradients -------------------------------------------------------------------
     def grad_homes(self):
         """A zero flat gradient buffer; each parameter's ``grad_buffer`` a view of it."""
-        flat = self.xp.zeros(self.shard_numel * self.size, self.dtype)
+        flat = self.take()
+        flat[...] = 0
         for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
             p.grad = None
             p.grad_buffer = Tensor(flat[off:off + n].reshape(shape))
         return flat
 
-    def reduce(self, flat, sync):
-        """This rank's slice of the mean of ``flat`` over the group (None when
-        ``sync`` is False: the local gradient is kept for the next sync step)."""
+    def prepare(self, flat, sync):
+        """``flat`` (the local full gradient plus what ``no_sync`` steps kept),
+        ready to reduce-scatter; None when ``sync`` is False (kept in ``acc``
+        for the next sync step). Notes non-finite parameters in ``bad``."""
         for p, off, n in zip(self.params, self.offsets, self.numels):
             if p.grad is not None and p.grad.data is not p.grad_buffer.data:
                 flat[off:off + n] = p.grad.data.ravel()  # a replaced .grad
         if self.acc is not None:
             flat += self.acc
+            self.give(self.acc)
             self.acc = None
         if not sync:
             self.acc = flat
@@ -106,9 +168,7 @@ class Flat:
         if self.bad is not None and not bool(self.xp.isfinite(flat).all()):
             self.bad += [name for name, off, n in zip(self.names, self.offsets, self.numels)
                          if not bool(self.xp.isfinite(flat[off:off + n]).all())]
-        if self.size == 1:
-            return flat
-        return dist.reduce_scatter(flat, op="mean", comm=self.comm)
+        return flat
 
     def add_grad(self, g):
         """Accumulate a reduced gradient slice into the shard's ``.grad``."""
@@ -137,13 +197,23 @@ class Unit:
         for f in self.flats:
             f.free()
 
+    def own(self, array):
+        """``array``, or a copy when it is a view of the gathered parameters
+        (which go back to the pool when freed)."""
+        xp = xp_of(array)
+        if any(f.full is not None and xp.may_share_memory(array, f.full) for f in self.flats):
+            return array.copy()
+        return array
+
     def open_grads(self):
         self.homes = [f.grad_homes() for f in self.flats]
 
-    def reduce_grads(self, sync):
-        """Reduce-scatter the flat gradients; returns the slices (None: no_sync)."""
+    def reduce_grads(self, sync, reducer):
+        """Start the reduce-scatters of the flat gradients (``reducer``: a
+        ``fsdp_prefetch.ReduceScatters``; nothing under no_sync)."""
         homes, self.homes = self.homes, None
-        return [f.reduce(h, sync) for f, h in zip(self.flats, homes)]
+        for f, h in zip(self.flats, homes):
+            reducer.start(f, f.prepare(h, sync))
 
 
 def _buffers_snapshot(module):
@@ -161,9 +231,11 @@ class UnitRun(Function):
         try:
             with no_grad():
                 out = unit.forward(*[Tensor(x) for x in self.inputs], **self.kwargs)
+            if isinstance(out, Tensor):
+                out = Tensor(unit.own(out.data))
         finally:
             unit.free()
-        owner.prefetcher.poke()
+        owner.poke()
         if not isinstance(out, Tensor):
             raise TypeError(f"FSDP unit {unit.name!r} must return one Tensor, "
                             f"got {type(out).__name__}")
@@ -181,15 +253,17 @@ class UnitRun(Function):
             xs = [Tensor(x, requires_grad=need) for x, need in zip(self.inputs, needs)]
             with enable_grad():
                 out = unit.forward(*xs, **self.kwargs)
-            owner.prefetcher.poke()
+            owner.poke()
             if out.requires_grad:
                 out.backward(g)
         finally:
             sn_random.set_rng_state(kept_rng)
             for b, saved in buffers:
                 b.data[...] = saved
-        slices = unit.reduce_grads(owner._sync)
+        owner.reducer.wait_all()  # the later unit's, progressed during this backward
+        unit.reduce_grads(owner._sync, owner.reducer)
         unit.free()
         unit.ran_backward = True
+        owner.poke()
         xgrads = tuple(None if x.grad is None else x.grad.data for x in xs)
-        return tuple(slices) + xgrads
+        return (None,) * n + xgrads

@@ -219,6 +219,8 @@ def test_no_full_parameters_or_gradients_alive_between_steps(monkeypatch):
         x, y = global_batch(1)
         alive.clear()
         fsdp_step(fsdp, opt, *local((x, y)))
+        assert fsdp.pool.nbytes() > 0  # the reusable buffers, and nothing else, hold them
+        fsdp.pool.clear()
         gc.collect()
         live = [ref() for ref in alive if ref() is not None]
         grads = {id(p.grad.data) for p in fsdp.parameters()}
