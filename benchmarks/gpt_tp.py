@@ -29,20 +29,9 @@ from spmdnet import dist, launch, optim, parallel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_gpt import GPT, load_part  # noqa: E402 - the example's model
 
+from tp_step import Counter  # benchmarks/ is on the path of a script run
+
 T, LAYERS, HEADS, VOCAB = 64, 2, 4, 64
-
-
-class Counter:
-    """Payload bytes handed to allreduce since the last reset."""
-
-    def __init__(self):
-        self.bytes = 0
-
-    def wrap(self, fn):
-        def counted(x, *args, **kwargs):
-            self.bytes += getattr(x, "data", x).nbytes
-            return fn(x, *args, **kwargs)
-        return counted
 
 
 def build(variant, n_embd, mesh):

@@ -13,14 +13,13 @@ import math
 import numpy as np
 
 from ..backend import xp_of
-from . import reduce, special
+from . import reduce, softmax, special
 from ._cpu import CpuKernel
 from ._cuda import Builder, launch, launch_rows
-from ._numba import numba, prange
+from ._numba import prange
 from ._target import check_target
 
 cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-THREADS = reduce.THREADS  # per block, in the row kernels
 
 
 def _forward(x, labels, losses, probs, c):
@@ -53,28 +52,7 @@ _cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
 
 
 @Builder
-def _cuda_kernels():
-    block_reduce = reduce.cuda_device_functions()["block_reduce"]
-
-    def forward(x, labels, losses, probs, c):  # one block per row
-        i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        buf = cuda.shared.array(THREADS, numba.float64)
-        m = c[2]
-        for j in range(t, x.shape[1], THREADS):
-            if x[i, j] > m:
-                m = x[i, j]
-        m = block_reduce(buf, t, m, True)
-        s = 0.0
-        for j in range(t, x.shape[1], THREADS):
-            e = special.exp(x[i, j] - m)
-            probs[i, j] = e
-            s += e
-        s = block_reduce(buf, t, s, False)
-        for j in range(t, x.shape[1], THREADS):
-            probs[i, j] /= s
-        if t == 0:
-            losses[i] = math.log(s) - (x[i, labels[i]] - m)
-
+def _cuda_kernels():  # forward: softmax.py's row kernel, then the label's log-probability
     def backward(probs, labels, scale, grad, c):
         k = cuda.grid(1)
         if k < probs.size:
@@ -84,7 +62,7 @@ def _cuda_kernels():
                 p -= c[1]
             grad[i, j] = p * scale[i]
 
-    return {"forward": forward, "backward": backward}
+    return {"backward": backward}
 
 
 _CONSTANTS = {}
@@ -127,8 +105,9 @@ def forward(logits, labels, check=True):
     c = _constants(x.dtype)
     if where == "cpu":
         _cpu["forward"](x, labels, losses, probs, c)
-    else:
-        launch_rows(_cuda_kernels()["forward"], n, x, labels, losses, probs, c, stream_of=x)
+    else:  # softmax's row kernel gives probs and log-sum-exp; loss = lse - x[label]
+        launch_rows(softmax.cuda_kernels()["forward"], n, x, probs, losses, c, stream_of=x)
+        losses -= x[xp.arange(n), labels]
     return losses, probs
 
 

@@ -59,7 +59,7 @@ _cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward),
 
 
 @Builder
-def _cuda_kernels():
+def cuda_kernels():  # also cross-entropy's forward (loss.py)
     block_reduce = reduce.cuda_device_functions()["block_reduce"]
 
     def forward(x, out, lse, c):  # one block per row
@@ -122,7 +122,7 @@ def _run(step, arrays, out, where, lse=None):
     if where == "cpu":
         _cpu[step](*args)
     else:
-        launch_rows(_cuda_kernels()[step], rows.shape[0], *args, stream_of=rows)
+        launch_rows(cuda_kernels()[step], rows.shape[0], *args, stream_of=rows)
     return out
 
 
