@@ -23,7 +23,8 @@ replicated. --pp N cuts the blocks into N stages (the first also embeds, the
 last holds the head) run as a GPipe Pipeline of --micro-batches over
 ``mesh.pp``. DataParallel over ``mesh.dp`` averages each part's gradients;
 --fsdp (with --tp 1 --pp 1) shards parameters, gradients and AdamW state
-instead, every Block its own unit. Every mode starts from the weights of the
+instead, every Block its own unit (one flat shard per unit and AdamW group,
+``param_groups=``). Every mode starts from the weights of the
 serial model of the same seed (the parallel parts load their slices of it),
 so all modes train the same model.
 
@@ -178,17 +179,9 @@ def load_part(part, serial_state, mesh, first_block):
     part.load_state_dict(local)
 
 
-def fsdp_decay_masks(fsdp, weight_decay):
-    """[(flat shard, 1 on its elements of matrices and 0 elsewhere, weight_decay)]:
-    AdamW's decoupled decay of the matrices only, where one shard holds both."""
-    out = []
-    for f in fsdp.flats():
-        full = np.zeros(f.shard_numel * f.size, f.dtype)
-        for shape, off, n in zip(f.shapes, f.offsets, f.numels):
-            full[off:off + n] = len(shape) >= 2
-        lo = f.rank * f.shard_numel
-        out.append((f.shard, f.xp.asarray(full[lo:lo + f.shard_numel]), weight_decay))
-    return out
+def decay_options(weight_decay):
+    """AdamW's options for a parameter: decay on matrices, none on biases and LayerNorm."""
+    return lambda name, p: {"weight_decay": weight_decay if p.ndim >= 2 else 0.0}
 
 
 def padded_vocab(vocab_size, tp):
@@ -226,8 +219,10 @@ class Trainer:
             load_part(self.module, serial.state_dict(), mesh, lo)
         sn.manual_seed(args.seed + 1)  # dropout streams: the same in every mode
         self.vocab_size, self.padded = vocab_size, shape[0]
-        if args.fsdp:
-            self.ddp = parallel.FullyShardedDataParallel(self.module, comm=mesh.dp, wrap={Block})
+        if args.fsdp:  # a flat shard per Block and optimizer group (see param_groups)
+            self.ddp = parallel.FullyShardedDataParallel(
+                self.module, comm=mesh.dp, wrap={Block},
+                param_groups=decay_options(args.weight_decay))
         else:
             self.ddp = parallel.DataParallel(self.module, comm=mesh.dp)
         self.pipe = parallel.Pipeline(self.ddp, mesh.pp, args.micro_batches) \
@@ -236,14 +231,8 @@ class Trainer:
     def param_groups(self, weight_decay):
         """Weight decay on the matrices (Linear weights, embeddings) only, never
         on biases and LayerNorm weights."""
-        self.decay = []  # (FSDP shard, mask of its matrix elements, weight decay)
         if self.args.fsdp:
-            try:
-                return self.ddp.param_groups(lambda name, p: {
-                    "weight_decay": weight_decay if p.ndim >= 2 else 0.0})
-            except ValueError:  # a Block's flat shard mixes matrices and vectors:
-                self.decay = fsdp_decay_masks(self.ddp, weight_decay)  # decay by hand
-                return [{"params": list(self.ddp.parameters()), "weight_decay": 0.0}]
+            return self.ddp.param_groups(decay_options(weight_decay))
         params = list(self.module.parameters())
         return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -266,8 +255,6 @@ class Trainer:
             out.backward()  # returns with the gradients averaged over mesh.dp
             loss = out.item()
         self.clip(grad_clip)
-        for shard, mask, weight_decay in self.decay:  # AdamW's decay, before its update
-            shard.data *= 1.0 - opt.param_groups[0]["lr"] * weight_decay * mask
         opt.step()
         return loss
 

@@ -2,7 +2,8 @@
 
 ``FullyShardedDataParallel(model, wrap={Block})``: every ``Block`` instance
 is its own shard unit, the rest of the model the root unit. A unit's
-parameters live as one flat shard per rank (``fsdp_units.Flat``: padded to a
+parameters live as one flat shard per rank (one per dtype and parameter
+group, below; ``fsdp_units.Flat``: padded to a
 multiple of the group size N, ceil(numel / N) elements each);
 ``fsdp.parameters()`` yields these shards, so any optimizer updates only its
 1/N, and its state is 1/N too.
@@ -23,6 +24,13 @@ gathered for the whole forward and backward and reduced when backward ends.
 Parameters that get no gradient contribute zeros. All ranks must run the
 same units in the same order (as PyTorch's FSDP). A parameter shared by two
 units is an error; one shared inside a unit is fine.
+
+Parameter groups (minGPT's "no weight decay on biases and LayerNorm"): a
+shard is updated as one tensor, so ``param_groups=fn`` at construction
+splits each unit's parameters into one flat per distinct options dict
+``fn(name, p)`` (and dtype), each padded and sharded on its own
+(``fsdp_layout``); ``fsdp.param_groups()`` then returns the optimizer's
+groups.
 """
 import math
 
@@ -35,45 +43,10 @@ from ..autograd import is_grad_enabled, queue_callback
 from ..nn.module import Module
 from .data_parallel import (DataParallel, _BackwardSentinel, check_same_parameters,
                             nonfinite_mode)
+from .fsdp_layout import optimizer_groups, owners, policy, split_flats
 from .fsdp_prefetch import Prefetcher, ReduceScatters
 from .fsdp_state import full_optim_state, load_full_optim_state
-from .fsdp_units import Flat, Pool, Unit, UnitRun
-
-
-def _policy(wrap):
-    if wrap is None:
-        return lambda m: False
-    if callable(wrap) and not isinstance(wrap, type):
-        return wrap
-    classes = (wrap,) if isinstance(wrap, type) else tuple(wrap)
-    return lambda m: isinstance(m, classes)
-
-
-def _owners(model, policy):
-    """{unit module name: [(param name, param)]} for the root ("") and each wrapped module."""
-    units, owner_of = {"": (model, [])}, {}
-    stack = [("", model, "")]
-    while stack:
-        name, mod, unit = stack.pop()
-        if name and policy(mod):
-            unit = name
-            units[unit] = (mod, [])
-        for pname, p in mod._parameters.items():
-            if p is None or not p.requires_grad:
-                continue
-            full = f"{name}.{pname}" if name else pname
-            if id(p) in owner_of:
-                if owner_of[id(p)] != unit:
-                    raise ValueError(f"FSDP: parameter {full!r} is shared by units "
-                                     f"{owner_of[id(p)]!r} and {unit!r}; tie parameters "
-                                     "inside one unit (wrap their common parent)")
-                continue
-            owner_of[id(p)] = unit
-            units[unit][1].append((full, p))
-        for cname, child in reversed(list(mod._modules.items())):
-            if child is not None:
-                stack.append((f"{name}.{cname}" if name else cname, child, unit))
-    return units
+from .fsdp_units import Pool, Unit, UnitRun
 
 
 class FullyShardedDataParallel(Module):
@@ -89,11 +62,18 @@ class FullyShardedDataParallel(Module):
     for comparison). ``nonfinite``:
     as DataParallel's ("ignore"/None, "raise" or "skip"), local gradients
     checked before their reduce-scatter, the decision agreed by all ranks.
+    ``param_groups``: ``fn(name, p)`` returning a dict of optimizer options
+    for an original parameter (``p`` shows its ``shape``, ``ndim``,
+    ``dim()``, ``dtype``), e.g. ``{"weight_decay": 0.0}`` for biases and
+    LayerNorm weights, ``{}`` for the defaults; each unit then holds one flat
+    shard per distinct options dict, and ``fsdp.param_groups()`` returns
+    ``[{"params": shards, **options}, ...]`` for the optimizer.
     """
 
     def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True,
-                 nonfinite="ignore", overlap=True):
+                 nonfinite="ignore", overlap=True, param_groups=None):
         super().__init__()
+        self._group_fn = param_groups
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         world = dist.init() if comm is None else dist.world()
         base = comm if comm is not None else world.comm
@@ -109,8 +89,8 @@ class FullyShardedDataParallel(Module):
             dist.broadcast(b.data, root=0, comm=self.comm)
         self.units, self._sync = [], True
         self._finish_scheduled = self._open_forward = False
-        for uname, (mod, params) in _owners(module, _policy(wrap)).items():
-            flats = self._flats(uname, params)
+        for uname, (mod, params) in owners(module, policy(wrap)).items():
+            flats = split_flats(params, self._group_fn, self.comm)
             if uname and not flats:
                 continue  # a wrapped module with no parameters of its own runs as it is
             unit = Unit(uname, mod, flats, recompute=bool(uname) and reshard_after_forward)
@@ -132,14 +112,6 @@ class FullyShardedDataParallel(Module):
                 f.source, f.pool = self.prefetcher, self.pool
                 f.bad = [] if self.nonfinite != "ignore" else None
                 self.register_parameter(f"shard_{i}_{j}", f.shard)
-
-    def _flats(self, uname, params):
-        """One flat per dtype among the unit's parameters (usually one)."""
-        by_dtype = {}
-        for name, p in params:
-            by_dtype.setdefault(str(p.dtype), []).append((name, p))
-        return [Flat([n for n, _ in group], [p for _, p in group], self.comm)
-                for group in by_dtype.values()]
 
     def _runner(self, unit):
         def run(*args, **kwargs):
@@ -253,21 +225,13 @@ class FullyShardedDataParallel(Module):
     def flats(self):
         return [f for u in self.units for f in u.flats]
 
-    def param_groups(self, fn):
-        """Optimizer parameter groups: ``fn(name, param)`` returns a dict of
-        options for an original parameter (e.g. ``{"weight_decay": 0.0}`` for
-        biases and LayerNorm). A flat shard is updated as one tensor, so all
-        its parameters must get the same options; otherwise ValueError."""
-        groups = {}
-        for f in self.flats():
-            opts = [dict(fn(n, _Shape(s, f.dtype)) or {}) for n, s in zip(f.names, f.shapes)]
-            if any(o != opts[0] for o in opts):
-                table = ", ".join(f"{n}: {o}" for n, o in zip(f.names, opts))
-                raise ValueError("FSDP.param_groups: one flat shard holds parameters with "
-                                 f"different options ({table}); wrap them in separate units")
-            key = tuple(sorted(opts[0].items()))
-            groups.setdefault(key, []).append(f.shard)
-        return [{"params": shards, **dict(key)} for key, shards in groups.items()]
+    def param_groups(self, fn=None):
+        """The optimizer's parameter groups ``[{"params": shards, **options}]``:
+        by the ``param_groups`` function given at construction, or by ``fn``
+        (``fn(name, p)`` -> a dict of options). A flat shard is updated as one
+        tensor: when ``fn`` gives one flat's parameters different options,
+        ValueError (never a silent decay): pass it at construction instead."""
+        return optimizer_groups(self.flats(), fn)
 
     def clip_grad_norm_(self, max_norm):
         """Scale the shards' gradients so their global 2-norm is at most
@@ -373,10 +337,3 @@ def _owned(out, units):
     for unit in units:
         data = unit.own(data)
     return out if data is out.data else Tensor(data)
-
-
-class _Shape:
-    """What ``param_groups``' function sees of a parameter: its shape and dtype."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype, self.ndim = shape, dtype, len(shape)

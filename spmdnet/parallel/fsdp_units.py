@@ -81,6 +81,7 @@ class Flat:
         self.source = None  # a Prefetcher, set by FullyShardedDataParallel
         self.bad = None  # a list: names of parameters whose local gradient is NaN/Inf
         self.pool, self.full = None, None  # set by FullyShardedDataParallel; the gathered array
+        self.options = {}  # the optimizer options of its parameters (its parameter group)
         self.free()
 
     def take(self):
