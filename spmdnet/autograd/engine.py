@@ -15,6 +15,7 @@ once per leaf and then accumulated into in place (``grad.data += g``), so a
   backward has finished (before ``backward()`` returns).
 """
 import threading
+import weakref
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def backward(root, grad=None, retain_graph=False):
     """
     nodes, pending = _graph(root)
     grads = {id(root): _seed_grad(root, grad)}
-    shared = set()  # arrays handed to more than one input: copy before keeping
+    shared = _Aliased()  # arrays that may be held elsewhere: copy before keeping
     outer = getattr(_callbacks, "queue", None)
     _callbacks.queue = []
     try:
@@ -93,7 +94,7 @@ def backward(root, grad=None, retain_graph=False):
                 g = _run_hooks(t, g)
             if t._ctx is None:
                 if g is not None:
-                    _accumulate(t, g, id(g) in shared)
+                    _accumulate(t, g, g in shared)
                 continue
             if t._retain and g is not None:
                 _accumulate(t, g, True)
@@ -139,7 +140,7 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
                 # A pass-through, a view, or one array given to two inputs may
                 # alias memory that someone else owns: a leaf copies it.
                 if pg is g or pg.base is not None or any(pg is h for h in handed):
-                    shared.add(id(pg))
+                    shared.add(pg)
                 grads[key] = pg
             handed.append(pg)
         pending[key] -= 1
@@ -147,11 +148,32 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
             ready.append(parent)
 
 
+class _Aliased:
+    """The gradient arrays that may be held elsewhere too (a pass-through,
+    a view, one array handed to two inputs), by identity. Not by id alone: a
+    freed array's id is reused by the next allocation, which would then look
+    aliased (a needless copy, no in-place sum). Weak references, so marking
+    an array does not keep it alive."""
+
+    def __init__(self):
+        self.refs = {}
+
+    def add(self, a):
+        try:
+            self.refs[id(a)] = weakref.ref(a)
+        except TypeError:  # an array type without weak references: keep it
+            self.refs[id(a)] = lambda a=a: a
+
+    def __contains__(self, a):
+        ref = self.refs.get(id(a))
+        return ref is not None and ref() is a
+
+
 def _owned(acc, shared):
     """True when the engine alone holds ``acc`` (a gradient being summed),
     so adding into it in place is safe: no backward handed it to another
     input, and it is no view (of an output gradient or of a user's array)."""
-    return id(acc) not in shared and acc.base is None and getattr(acc.flags, "writeable", True)
+    return acc not in shared and acc.base is None and getattr(acc.flags, "writeable", True)
 
 
 def _add(acc, pg, shared):
