@@ -152,6 +152,38 @@ def test_summing_gradients_never_writes_into_a_users_array():
     np.testing.assert_array_equal(x.grad.numpy(), [10.0] * 3)
 
 
+class _TwoViews(sn.Function):
+    """A custom op whose backward hands one fresh array to one input and a
+    view of it (its transpose) to the other."""
+
+    def forward(self, a, b):
+        return 2 * a + 2 * b.T
+
+    def backward(self, g):
+        h = 2 * g
+        return h, h.T
+
+
+def test_in_place_sums_never_write_through_a_view_handed_to_another_input():
+    x = sn.tensor(np.ones((2, 3)), requires_grad=True)
+    y = sn.tensor(np.ones((3, 2)), requires_grad=True)
+    xx, yy = x * 1.0, y * 1.0
+    loss = _TwoViews.apply(xx, yy).sum() + (xx * 5.0).sum() + (yy * 3.0).sum()
+    loss.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3), 7.0))
+    np.testing.assert_array_equal(y.grad.numpy(), np.full((3, 2), 5.0))
+
+
+def test_a_leaf_gradient_a_hook_kept_is_not_the_grad_accumulated_into():
+    x = sn.tensor(np.ones(3), requires_grad=True)
+    kept = []
+    x.register_hook(lambda g: kept.append(g))
+    (x * 2.0).sum().backward()
+    (x * 2.0).sum().backward()  # accumulates into x.grad in place
+    np.testing.assert_array_equal(kept[0].numpy(), [2.0] * 3)
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0] * 3)
+
+
 def test_graph_is_freed_after_backward():
     x = leaf([1.0, 2.0])
     y = (x * 2.0).sum()

@@ -539,3 +539,20 @@ def test_masked_fill_matches_where_and_its_gradients():
     assert value.grad.item() == np.where(mask, g, 0.0).sum()
     big = sn.tensor(np.ones((4,))).masked_fill(sn.tensor(np.eye(4, dtype=bool)), 0.0)
     np.testing.assert_array_equal(big.numpy(), 1 - np.eye(4))
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element")
+def test_linear_on_empty_inputs_gives_pytorchs_shapes_and_gradients():
+    """0 input features or 0 rows, with stacked leading dims (one GEMM over
+    the flattened rows must not reshape with -1 there)."""
+    layer = sn.nn.Linear(0, 3)
+    x = sn.zeros(2, 4, 0, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    assert y.shape == (2, 4, 3) and x.grad.shape == (2, 4, 0)
+    np.testing.assert_array_equal(layer.bias.grad.numpy(), [8.0] * 3)  # 2 x 4 rows of ones
+    layer = sn.nn.Linear(3, 2)
+    x = sn.zeros(0, 4, 3, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad.shape == (0, 4, 3)
+    np.testing.assert_array_equal(layer.weight.grad.numpy(), np.zeros((2, 3)))

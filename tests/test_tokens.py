@@ -107,6 +107,22 @@ def test_random_windows_under_the_sampler_and_loader():
         assert sorted(got) == sorted(want.tolist())
 
 
+def test_random_windows_follow_the_samplers_epoch_and_its_resume():
+    """The sampler tells the dataset its epoch: on set_epoch, and when a
+    resumed run loads the sampler's state (no second call to forget)."""
+    ds = TokenDataset(np.arange(500), 8, windows="random", seed=4)
+    sampler = DistributedSampler(ds, 1, 0, seed=3)
+    sampler.set_epoch(2)
+    epoch2 = ds.starts(np.arange(len(ds)))
+    assert ds.epoch == 2
+    resumed_ds = TokenDataset(np.arange(500), 8, windows="random", seed=4)
+    resumed = DistributedSampler(resumed_ds, 1, 0, seed=3)
+    resumed.load_state_dict(sampler.state_dict())
+    np.testing.assert_array_equal(resumed_ds.starts(np.arange(len(ds))), epoch2)
+    fresh = TokenDataset(np.arange(500), 8, windows="random", seed=4)
+    assert not np.array_equal(fresh.starts(np.arange(len(ds))), epoch2)  # epoch 0's
+
+
 def test_bad_arguments_fail_with_a_message(tmp_path):
     with pytest.raises(ValueError, match="block_size"):
         TokenDataset(np.arange(10), 0)

@@ -93,8 +93,8 @@ def backward(root, grad=None, retain_graph=False):
             if g is not None:
                 g = _run_hooks(t, g)
             if t._ctx is None:
-                if g is not None:
-                    _accumulate(t, g, g in shared)
+                if g is not None:  # a hook may have kept g: .grad must not be it
+                    _accumulate(t, g, g in shared or bool(t._hooks))
                 continue
             if t._retain and g is not None:
                 _accumulate(t, g, True)
@@ -141,6 +141,8 @@ def _propagate(t, g, grads, shared, pending, ready, nodes):
                 # alias memory that someone else owns: a leaf copies it.
                 if pg is g or pg.base is not None or any(pg is h for h in handed):
                     shared.add(pg)
+                if pg.base is not None:  # h and h.T to two inputs: h is not ours alone
+                    shared.add(pg.base)
                 grads[key] = pg
             handed.append(pg)
         pending[key] -= 1

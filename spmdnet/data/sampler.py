@@ -58,6 +58,9 @@ class DistributedSampler:
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.epoch, self.start_index = 0, 0
+        # a dataset whose items change per epoch (TokenDataset's random windows)
+        # follows the sampler's epoch, on set_epoch and on resume alike
+        self._dataset_epoch = getattr(ds_or_len, "set_epoch", None)
         if drop_last and self.dataset_len < num_replicas:
             raise ValueError(f"{_describe(ds_or_len)} has {self.dataset_len} samples, fewer "
                              f"than the {num_replicas} ranks: with drop_last every rank "
@@ -69,12 +72,15 @@ class DistributedSampler:
         self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch):
-        """Use the permutation of ``epoch`` (seeded ``seed + epoch``). A new
-        epoch starts from its first index: a start index set for a resumed
-        epoch is kept only while the epoch stays the same."""
+        """Use the permutation of ``epoch`` (seeded ``seed + epoch``), and tell
+        the dataset when it has ``set_epoch`` too. A new epoch starts from its
+        first index: a start index set for a resumed epoch is kept only while
+        the epoch stays the same."""
         if int(epoch) != self.epoch:
             self.start_index = 0
         self.epoch = int(epoch)
+        if self._dataset_epoch is not None:
+            self._dataset_epoch(self.epoch)
 
     def set_start_index(self, start):
         """Skip this rank's first ``start`` indices of the current epoch (resume

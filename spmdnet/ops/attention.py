@@ -134,7 +134,7 @@ class ScaledDotProductAttention(Function):
         """The kept-and-scaled factors of rows ``rows``, regenerated from the seed."""
         shape = self.q.shape[:2] + self.k.shape[1:2]
         kernel = kernels.lookup("attention_dropout", self.q)
-        if kernel is not None:
+        if kernel is not None and isinstance(self.q, np.ndarray):  # a CPU kernel only
             return kernel(shape, rows, self.seed, self.dropout_p, self.q.dtype)
         keep = dropout_keep(xp, shape, rows, self.seed, self.dropout_p)
         inv = 0.0 if self.dropout_p >= 1 else 1.0 / (1.0 - self.dropout_p)

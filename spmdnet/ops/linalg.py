@@ -2,6 +2,8 @@
 and the linear layer fused with its activation. Operands of different dtypes
 raise naming both, as PyTorch's (no silent upcast of a float32 model to a
 float64 batch)."""
+import math
+
 from .. import kernels
 from .._tensor import Tensor, _as_array
 from ..autograd import Function
@@ -109,7 +111,12 @@ def rows_matmul(a, b):
     for a (16, 64, 128) activation)."""
     if a.ndim <= 2:
         return a @ b
-    return (a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + b.shape[-1:])
+    return (as_rows(a) @ b).reshape(a.shape[:-1] + b.shape[-1:])
+
+
+def as_rows(a):
+    """a as (rows, last dim); not reshape(-1, n): a size-0 array cannot infer -1."""
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
 def _linear_grads(ctx, g, gb=None):
@@ -117,8 +124,7 @@ def _linear_grads(ctx, g, gb=None):
     gb, when the caller has it already, is used as the bias gradient."""
     need = ctx.needs_input_grad
     gx = rows_matmul(g, ctx.weight) if need[0] else None
-    g2 = g.reshape(-1, g.shape[-1])
-    x2 = ctx.x.reshape(-1, ctx.x.shape[-1])
+    g2, x2 = as_rows(g), as_rows(ctx.x)
     gw = _matmul(g2.T, x2, ctx.dest(1), ctx.weight.shape) if need[1] else None
     if len(need) == 2:
         return gx, gw

@@ -54,6 +54,9 @@ class ZeroRedundancyOptimizer:
         self.params = [p for g in self.groups for p in g["params"]]
         if not self.params:
             raise ValueError("ZeroRedundancyOptimizer got no parameters that require grad")
+        if len({id(p) for p in self.params}) != len(self.params):
+            raise ValueError("ZeroRedundancyOptimizer: a parameter appears more than once "
+                             "(twice in one group, or in two groups), as torch.optim refuses")
         dtypes = {str(p.data.dtype) for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"ZeroRedundancyOptimizer needs one dtype, got {sorted(dtypes)}")
@@ -146,6 +149,7 @@ class ZeroRedundancyOptimizer:
         if norm_type not in (2.0, np.inf):
             raise ValueError(f"ZeroRedundancyOptimizer.clip_grad_norm_ supports norm_type 2 "
                              f"or inf, got {norm_type}")
+        self._grads.join_if_idle()  # a rank whose backward reached no parameter
         g = self.grad_shard
         if norm_type == 2.0:
             local = float(xp_of(g).vdot(g, g)) if g.size else 0.0

@@ -175,11 +175,16 @@ class GradientReduceScatter:
         dist.on_host(bucket.recv, lambda buf: self.comm.Reduce_scatter(
             send, buf, bucket.counts, self.MPI.SUM))
 
-    def reduce_if_idle(self):
-        """At ``step()``: a rank whose backward reached no parameter still joins
-        the reduce-scatter (with zeros), so the collectives stay matched."""
+    def join_if_idle(self):
+        """A rank whose backward reached no parameter joins the reduce-scatter
+        now (with zeros): before any other collective of this step (the
+        clipping norm, ``step()``), so the collectives stay matched."""
         if self.reductions == 0:
             self.finish()
+
+    def reduce_if_idle(self):
+        """At ``step()``: ``join_if_idle``, then a new step begins."""
+        self.join_if_idle()
         self.reductions = 0
 
     def grad_bytes(self):

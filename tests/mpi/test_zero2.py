@@ -162,10 +162,37 @@ def test_zero2_rank_without_gradient_joins_with_zeros():
     zo.close()
 
 
+def test_zero2_rank_without_gradient_joins_before_clipping():
+    """Clipping is a collective too: a rank whose backward reached no
+    parameter joins the reduce-scatter first (no deadlock), and the norm is
+    the global one."""
+    ref, model = Net(), Net()
+    ref_opt = optim.SGD(trainable(ref), lr=0.1)
+    zo = parallel.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD,
+                                          stage=2, bucket_mb=TINY_MB, lr=0.1)
+    x, y = global_batch(0)
+    zo.zero_grad()
+    if dist.rank() == 0:
+        F.cross_entropy(model(sn.tensor(x[:4])), y[:4]).backward()
+    norm = zo.clip_grad_norm_(0.05)
+    zo.step()
+    ref_opt.zero_grad()
+    (F.cross_entropy(ref(sn.tensor(x[:4])), y[:4]) / dist.size()).backward()
+    zero_unused_grads(ref)
+    want = nn.utils.clip_grad_norm_(trainable(ref), 0.05)
+    ref_opt.step()
+    np.testing.assert_allclose(norm, float(want), rtol=1e-12)
+    assert_same_parameters(model, ref)
+    zo.close()
+
+
 def test_zero2_refuses_data_parallel_and_bad_stage():
     model = Net()
     with pytest.raises(ValueError, match="stage must be 1 or 2"):
         parallel.ZeroRedundancyOptimizer(model.parameters(), stage=3)
+    params = list(model.parameters())
+    with pytest.raises(ValueError, match="appears more than once"):
+        parallel.ZeroRedundancyOptimizer([{"params": params}, {"params": params[:1]}])
     ddp = parallel.DataParallel(model)
     with pytest.raises(ValueError, match="do not wrap the model in DataParallel"):
         parallel.ZeroRedundancyOptimizer(model.parameters(), stage=2)
