@@ -104,9 +104,7 @@ def main():
           f"{'net_x':>6} {'bn_x':>6} {'sync_x':>6}")
     base = None
     for n in args.ranks:
-        out = launch.run(n, __file__, "--child", "--batch", args.batch, "--steps",
-                         args.steps, check=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = launch.run_child(n, __file__, "--batch", args.batch, "--steps", args.steps)
         base = r if n == 1 else base
         speed = " ".join(f"{base[v] / r[v]:>6.2f}" if base else f"{'-':>6}" for v in VARIANTS)
         print(f"{n:>5} {r['net'] * 1e3:>8.2f} {r['bn'] * 1e3:>8.2f} {r['sync'] * 1e3:>8.2f} "

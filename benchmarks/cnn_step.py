@@ -26,10 +26,10 @@ import numpy as np
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import nn, optim
+from spmdnet import nn
 from spmdnet.launch import thread_sweep
 
-from mlp_step import median_times  # benchmarks/ is on the path of a script run
+from mlp_step import build_ours, median_times  # benchmarks/ is on the path of a script run
 
 BATCH = 64
 
@@ -132,17 +132,7 @@ def floor_fn(rng):
 
 def ours_fn(x, y, kernels, net=Net):
     sn.manual_seed(0)
-    model = net()
-    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    xt = sn.Tensor(x)
-
-    def step():
-        with sn.kernels.use(kernels):
-            loss = F.cross_entropy(model(xt), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return step
+    return build_ours(x, y, kernels, net())
 
 
 def child(steps):

@@ -17,7 +17,6 @@ hands to allreduce per step.
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from spmdnet import dist, launch, optim, parallel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_gpt import GPT, load_part  # noqa: E402 - the example's model
 
-from tp_step import Counter  # benchmarks/ is on the path of a script run
+from tp_step import Counter, timed_steps  # benchmarks/ is on the path of a script run
 
 T, LAYERS, HEADS, VOCAB = 64, 2, 4, 64
 
@@ -64,21 +63,8 @@ def child(args):
     rng = np.random.default_rng(0)
     x = sn.tensor(rng.integers(0, VOCAB, (args.batch, T)))
     y = sn.tensor(rng.integers(0, VOCAB, (args.batch, T)))
-    times, sent = {v: [] for v in runs}, {v: [] for v in runs}
-    for i in range(args.steps + 3):
-        for v, (model, opt) in runs.items():
-            world.comm.Barrier()
-            counter.bytes = 0
-            t0 = time.perf_counter()
-            loss = loss_of(v, model, x, y, mesh)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if i >= 3:  # warm-up: kernel compilation, first allocations
-                times[v].append(time.perf_counter() - t0)
-                sent[v].append(counter.bytes)
-    result = {v: [slowest(float(np.median(times[v])), op="max"), int(np.median(sent[v]))]
-              for v in runs}
+    result = timed_steps(world, runs, args.steps, counter, slowest,
+                         lambda v, model, _: loss_of(v, model, x, y, mesh))
     if world.rank == 0:
         print(json.dumps(result))
 
@@ -95,9 +81,8 @@ def main():
         return child(args)
     if HEADS % args.ranks or VOCAB % args.ranks:
         p.error(f"--ranks {args.ranks} must divide the {HEADS} heads and the vocabulary {VOCAB}")
-    out = launch.run(args.ranks, __file__, "--child", "--n-embd", args.n_embd, "--batch",
-                     args.batch, "--steps", args.steps, check=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
+    r = launch.run_child(args.ranks, __file__, "--n-embd", args.n_embd, "--batch", args.batch,
+                         "--steps", args.steps)
     print(f"GPT d={args.n_embd}, {HEADS} heads, T={T}, {LAYERS} layers, vocabulary {VOCAB}, "
           f"batch {args.batch}, float32, AdamW; {args.ranks} ranks, 1 BLAS thread each, "
           f"median of {args.steps} steps (slowest rank)")

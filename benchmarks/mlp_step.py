@@ -79,8 +79,9 @@ def numpy_step(x, y, params, bufs, lr=0.01, mom=0.9):
         prm -= lr * buf
 
 
-def build_ours(x, y, kernels="numba"):
-    model = build_model()
+def build_ours(x, y, kernels="numba", model=None):
+    """One SGD-momentum step of ``model`` (default: the MLP of ``build_model``) on (x, y)."""
+    model = build_model() if model is None else model
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     xt = sn.Tensor(x)
 

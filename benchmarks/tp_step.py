@@ -37,7 +37,7 @@ class Counter:
 
     def wrap(self, fn):
         def counted(x, *args, **kwargs):
-            self.bytes += getattr(x, "data", x).nbytes
+            self.bytes += getattr(getattr(x, "data", x), "nbytes", 0)  # a Python scalar: 0
             return fn(x, *args, **kwargs)
         return counted
 
@@ -94,26 +94,35 @@ def child(args):
     local = args.batch // n
     inputs = {"serial": x_full, "tpN": x_full,
               "tp1": x_full[world.rank * local:(world.rank + 1) * local]}
-    times, sent = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}
-    for i in range(args.steps + 3):
+    result = {"ranks": n, **timed_steps(
+        world, runs, args.steps, counter, slowest, lambda v, model, x: (model(x) ** 2).mean(),
+        lambda v: sn.tensor(inputs[v], requires_grad=True))}
+    if world.rank == 0:
+        print(json.dumps(result))
+
+
+def timed_steps(world, runs, steps, counter, slowest, loss_of, make_input=lambda v: None):
+    """Interleave the steps of ``runs`` ({variant: (model, optimizer)}), after 3
+    of warm-up (first allocations, BLAS start-up, kernel compilation); returns
+    {variant: [the slowest rank's median step (``slowest``: the uncounted
+    allreduce), the median payload bytes]}. ``loss_of(v, model, make_input(v))``:
+    the step's loss, its input made before the clock starts."""
+    times, sent = {v: [] for v in runs}, {v: [] for v in runs}
+    for i in range(steps + 3):
         for v, (model, opt) in runs.items():
-            x = sn.tensor(inputs[v], requires_grad=True)
+            x = make_input(v)
             world.comm.Barrier()
             counter.bytes = 0
             t0 = time.perf_counter()
-            loss = (model(x) ** 2).mean()
+            loss = loss_of(v, model, x)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if i >= 3:  # warm-up: first allocations, BLAS start-up
+            if i >= 3:
                 times[v].append(time.perf_counter() - t0)
                 sent[v].append(counter.bytes)
-    result = {"ranks": n}
-    for v in VARIANTS:  # the slowest rank defines the step
-        result[v] = [slowest(float(np.median(times[v])), op="max"),
-                     int(np.median(sent[v]))]
-    if world.rank == 0:
-        print(json.dumps(result))
+    return {v: [slowest(float(np.median(times[v])), op="max"), int(np.median(sent[v]))]
+            for v in runs}
 
 
 def analytical(variant, n, hidden, batch, itemsize=4):
@@ -137,9 +146,8 @@ def main():
     if args.hidden % args.ranks or args.batch % args.ranks:
         p.error(f"--hidden {args.hidden} and --batch {args.batch} must divide by "
                 f"--ranks {args.ranks}")
-    out = launch.run(args.ranks, __file__, "--child", "--hidden", args.hidden, "--batch",
-                     args.batch, "--steps", args.steps, check=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
+    r = launch.run_child(args.ranks, __file__, "--hidden", args.hidden, "--batch", args.batch,
+                         "--steps", args.steps)
     n = args.ranks
     print(f"MLP block {args.hidden}-{args.hidden}-{args.hidden} (column+row, GELU), global "
           f"batch {args.batch}, float32, SGD, {n} ranks, 1 BLAS thread each, median of "

@@ -21,14 +21,14 @@ TP slices.
 """
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import cli, data, dist, nn, optim, parallel
-from train_mlp import REFERENCE_BATCH, accuracy_check, model_options  # examples/: the same options
+# examples/: train_mlp.py's options, data files and self-check
+from train_mlp import REFERENCE_BATCH, accuracy_check, datasets, model_options
 
 
 def parse_args(argv=None):
@@ -40,7 +40,7 @@ def parse_args(argv=None):
                    help="per step, with --pp > 1")
     p.add_argument("--fsdp", action="store_true",
                    help="data parallelism by FullyShardedDataParallel (with --pp 1)")
-    p.set_defaults(epochs=10)
+    p.set_defaults(epochs=10, data="digits", test_data=None)  # data: train_mlp's digits
     return p.parse_args(argv)
 
 
@@ -123,11 +123,7 @@ def main(argv=None):
     world = dist.init()
     mesh = dist.Mesh(tp=args.tp, pp=args.pp)
     sn.manual_seed(args.seed)  # the same on every rank: TP layers slice one full draw
-    paths = Path(args.data_dir) / "digits_train.h5", Path(args.data_dir) / "digits_test.h5"
-    if not all(p.exists() for p in paths):
-        paths = data.datasets.make_digits(args.data_dir)
-    train_set, test_set = data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
-    data.check_same_features(train_set, test_set)  # names both files: before the first step
+    train_set, test_set = datasets(args)
     features, classes = int(np.prod(train_set.sample_shape)), int(train_set.targets().max()) + 1
     net = Net(args, mesh, features, classes)
     # every rank of a TP group and of a pipeline reads the same samples

@@ -275,13 +275,16 @@ class Trainer:
                 p.grad.data *= scale
         return total
 
+    def _forward(self, x):
+        """The whole model's logits (this rank's vocabulary slice with tp > 1)."""
+        if self.pipe is not None:
+            return sn.Tensor(self.pipe.infer(x))
+        return self.ddp(sn.Tensor(x)) if self.args.fsdp else self.module(sn.Tensor(x))
+
     @no_grad()
     def logits(self, x):
         """The full-vocabulary logits (an array) of the whole model, on every rank (collective)."""
-        if self.pipe is not None:
-            out = sn.Tensor(self.pipe.infer(x))
-        else:
-            out = self.ddp(sn.Tensor(x)) if self.args.fsdp else self.module(sn.Tensor(x))
+        out = self._forward(x)
         if self.mesh.tp_size > 1:
             out = parallel.gather_from_group(out, self.mesh.tp)
         return out.numpy()
@@ -289,11 +292,7 @@ class Trainer:
     def eval_loss_sum(self, x, y):
         """(sum of the losses, tokens) of the batch, on every rank of the TP group and pipeline."""
         with no_grad():
-            if self.pipe is not None:
-                out = sn.Tensor(self.pipe.infer(x))
-            else:
-                out = self.ddp(sn.Tensor(x)) if self.args.fsdp else self.module(sn.Tensor(x))
-            return self.loss_fn(out, y, reduction="sum").item(), y.size
+            return self.loss_fn(self._forward(x), y, reduction="sum").item(), y.size
 
     def train(self, mode=True):
         (self.ddp if self.args.fsdp else self.module).train(mode)
@@ -476,7 +475,7 @@ def main(argv=None):
         val = validate()
 
     if args.sample_tokens:  # every rank takes part; rank 0 prints
-        prompt = tok.encode(tok.decode(val_set.tokens[:1]))[None]
+        prompt = val_set.tokens[None, :1]  # the first validation token
         out = trainer.generate(prompt, args.sample_tokens, np.random.default_rng(args.seed))
         dist.print0("sample:\n" + tok.decode(out[0]))
     limit = args.max_ratio * entropy

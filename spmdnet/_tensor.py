@@ -33,7 +33,6 @@ def get_default_dtype():
     return _default_dtype[0]
 
 
-
 def _as_array(x, dtype=None):
     """An ndarray for x; arrays (and NumPy scalars, as in PyTorch) keep their
     dtype, Python lists/scalars take the default."""

@@ -131,11 +131,9 @@ def _save_on_root(target, directory, states, meta, keep, names):
 def _target(path, step):
     """(file to write, checkpoint directory or None): a path that is a
     directory or ends with a separator names a rotating directory."""
-    is_dir = str(path).endswith(os.sep) or Path(path).is_dir()
-    path = Path(path)
-    if is_dir:
-        return path / f"ckpt-{int(step):08d}.h5", path
-    return path, None
+    if str(path).endswith(os.sep) or Path(path).is_dir():
+        return Path(path) / f"ckpt-{int(step):08d}.h5", Path(path)
+    return Path(path), None
 
 
 def check_checkpoint_dir(path, comm=None):
@@ -252,17 +250,20 @@ def latest_checkpoint(directory, verify=True, allow_nonfinite=False):
     Newer ones that fail (truncated, corrupt, NaN) are skipped with a warning
     on rank 0 naming each and why, so one bad file never blocks a resume.
     ``verify=False``: the newest by name, unread."""
+    found = _newest_verified(directory, allow_nonfinite)[0] if verify \
+        else next(iter(_candidates(Path(directory))), None)
+    return None if found is None else str(found)
+
+
+def _newest_verified(directory, allow_nonfinite):
+    """(path, ``_read``'s result) of the newest checkpoint that verifies, or (None, None)."""
     for candidate in _candidates(Path(directory)):
-        if not verify:
-            return str(candidate)
         try:
-            _read(candidate, allow_nonfinite=allow_nonfinite)
+            return candidate, _read(candidate, allow_nonfinite=allow_nonfinite)
         except CheckpointError as exc:
             if dist.rank_label() in (0, "?"):
                 dist.get_logger().warning(f"skipping checkpoint {candidate}: {exc}")
-            continue
-        return str(candidate)
-    return None
+    return None, None
 
 
 def _candidates(directory):
@@ -286,24 +287,24 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, comm=None, mes
     NaN/Inf (unless ``allow_nonfinite``) or does not fit the model or world.
     ``path`` may be a directory: its newest checkpoint that verifies."""
     comm = dist.comm_or_default(comm)
+    rank, contents = comm.Get_rank() if _is_sharded(mesh) else None, None
     if Path(path).is_dir():
-        found = latest_checkpoint(path, allow_nonfinite=allow_nonfinite)
+        found, contents = _newest_verified(path, allow_nonfinite)
         if found is None:  # none verifies: the error will say why the newest does not
             found = next(iter(_candidates(Path(path))), Path(path) / LATEST)
-        path = found
-    try:
-        meta, model_state, opt_state = _read(path, comm.Get_rank() if _is_sharded(mesh) else None,
-                                             allow_nonfinite)
+        path = str(found)
+    try:  # the verified file read whole is this rank's part unless sharded
+        meta, model_state, opt_state = contents if contents is not None and rank is None \
+            else _read(path, rank, allow_nonfinite)
         _check_fits(path, meta, model_state, _unwrap(model), comm, mesh)
         error = None
     except CheckpointError as exc:
         error = str(exc)
     with dist.guarded("allgather(checkpoint load errors)", comm):
         errors = comm.allgather(error)
-    bad = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if bad:
-        r, e = bad[0]
-        raise CheckpointError(f"rank {r}: {e}")
+    bad = next(((r, e) for r, e in enumerate(errors) if e is not None), None)
+    if bad is not None:
+        raise CheckpointError(f"rank {bad[0]}: {bad[1]}")
     with dist.guarded("allgather(checkpoint steps)", comm):
         steps = comm.allgather(meta["step"])
     if len(set(steps)) != 1:

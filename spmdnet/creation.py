@@ -12,6 +12,7 @@ import numpy as np
 
 from ._tensor import Tensor, _as_array, get_default_dtype
 from .backend import require_cupy, to_device
+from .ops._util import scalar_dtype
 from .ops.convert import resolve_device, resolve_dtype
 from .ops.shape import shape_arg
 from .random import generator_for
@@ -78,19 +79,8 @@ def empty(*size, dtype=None, device=None, requires_grad=False):
     return _new(_xp(device).empty(shape_arg(size), _float(dtype)), requires_grad)
 
 
-def _fill_dtype(value):
-    """PyTorch's dtype for a ``full`` value: bool, int64, default float."""
-    if isinstance(value, (bool, np.bool_)):
-        return np.dtype(np.bool_)
-    if isinstance(value, (int, np.integer)):
-        return np.dtype(np.int64)
-    if isinstance(value, complex):
-        return np.dtype(np.complex64 if get_default_dtype() == np.float32 else np.complex128)
-    return get_default_dtype()
-
-
 def full(size, fill_value, dtype=None, device=None, requires_grad=False):
-    dtype = _dtype(dtype, _fill_dtype(fill_value))
+    dtype = _dtype(dtype, scalar_dtype(fill_value, get_default_dtype()))  # as PyTorch
     return _new(_xp(device).full(shape_arg((size,)), fill_value, dtype), requires_grad)
 
 

@@ -13,6 +13,7 @@ spmdnet.bench scaling``, the tests and ``tests/run.sh``.
 """
 import argparse
 import functools
+import json
 import os
 import shlex
 import shutil
@@ -73,6 +74,14 @@ def run(n, *args, prefix=None, env=None, **kwargs):
     kwargs = {"capture_output": True, "text": True, **kwargs}
     return subprocess.run(command(n, *args, prefix=prefix), env=job_env(**(env or {})),
                           **kwargs)
+
+
+def run_child(n, script, *args):
+    """Run ``script --child *args`` on n ranks (a benchmark launching itself);
+    the JSON value of the last line it printed (rank 0's result). A failed
+    job raises ``CalledProcessError``."""
+    out = run(n, script, "--child", *args, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def launched_size():

@@ -25,14 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from ..distributed import rank_label
+from .hdf5 import _h5py
 
 CORPUS = Path(__file__).with_name("corpus.txt")
 WINDOWS = ("all", "strided", "random")
-
-
-def _h5py():
-    import h5py  # noqa: PLC0415 - 0.1 s to import: on first use only
-    return h5py
 
 
 class CharTokenizer:

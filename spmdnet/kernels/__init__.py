@@ -36,7 +36,8 @@ import numpy as np
 
 from .._tensor import get_default_dtype
 from ..distributed import compile_order
-from . import _cache, activation, conv, embedding, loss, norm, optim_kernels, pool, softmax
+from . import _cache, activation, attention, conv, embedding, loss, norm, optim_kernels
+from . import pool, softmax
 from ._cache import cache_dir
 from ._numba import compile_seconds
 from .dispatch import TABLE, enabled, lookup, mode, use
@@ -45,7 +46,7 @@ from .special import erf_array as erf
 __all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compile_seconds",
            "cache_dir", "compile_in_order"]
 
-_MODULES = (activation, loss, norm, softmax, embedding, optim_kernels, conv, pool)
+_MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels, conv, pool)
 
 
 def compile_in_order(compile_fn, comm=None):

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..backend import xp_of
-from . import special
+from . import reduce, special
 from ._cpu import CpuKernel
 from ._cuda import Builder, launch
 from ._numba import njit_inline, prange
@@ -289,12 +289,6 @@ def _code(activation):
     return ACTIVATIONS[activation]
 
 
-def _rows(xp, a):
-    """a as a C-contiguous 2-D array (rows, last axis); a view when possible."""
-    a = a if a.flags.c_contiguous else xp.ascontiguousarray(a)
-    return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-
-
 def forward(x, bias=None, activation="relu", inplace=False):
     """``(out, saved)``: out = activation(x + bias) over the last axis, and
     what ``backward`` (or ``ops.unary.act_backward``) needs.
@@ -317,7 +311,7 @@ def forward(x, bias=None, activation="relu", inplace=False):
         out, aux = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
         if x.size == 0:
             return out, (x, aux)
-        x2 = _rows(xp, x)
+        x2 = reduce.rows(xp, x)
         store_pre = inplace and bias is not None
         if bias is not None and not inplace:  # x + bias needs a home of its own
             x2, b = x2 + b, b[:0]
@@ -331,7 +325,7 @@ def forward(x, bias=None, activation="relu", inplace=False):
     saved = mask if mask is not None else out
     if x.size == 0:
         return out, saved
-    x2 = _rows(xp, x)
+    x2 = reduce.rows(xp, x)
     aux2 = mask.reshape(x2.shape) if mask is not None else x2[:, :0]
     if where == "cpu" and inplace:
         _cpu[activation, "forward_inplace"](x2, b, aux2, c)
@@ -378,8 +372,8 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
             gb[...] = 0
         return gx, gb
     c = _constants(g.dtype)
-    g2, s2, gx2 = _rows(xp, g), _rows(xp, s), gx.reshape(-1, m)
-    aux2 = _rows(xp, aux) if aux is not None else gx2[:, :0]
+    g2, s2, gx2 = reduce.rows(xp, g), reduce.rows(xp, s), gx.reshape(-1, m)
+    aux2 = reduce.rows(xp, aux) if aux is not None else gx2[:, :0]
     if where == "cpu":
         _cpu[activation, "backward"](g2, s2, aux2, gx2, gx2[0, :0] if gb is None else gb, c)
     else:

@@ -106,9 +106,9 @@ def _cuda_kernels():
     return {"im2col": im2col, "col2im": col2im}
 
 
-def _run(name, src, dst_shape, stride, pads, dilation, rows_of):
+def _run(name, src, dst_shape, stride, pads, dilation):
     """``name``'s kernel from src into a new array of dst_shape; one CUDA
-    thread per row of ``rows_of`` (src or the new array)."""
+    thread per row (last axis) of the new array."""
     where = check_target("conv", src)
     xp = xp_of(src)
     src = xp.ascontiguousarray(src)
@@ -118,8 +118,7 @@ def _run(name, src, dst_shape, stride, pads, dilation, rows_of):
     if where == "cpu":
         _cpu[name](src, dst, geom)
     else:
-        rows = dst if rows_of == "dst" else src
-        launch(_cuda_kernels()[name], rows.size // max(rows.shape[-1], 1), src, dst, geom,
+        launch(_cuda_kernels()[name], dst.size // max(dst.shape[-1], 1), src, dst, geom,
                stream_of=src)
     return dst
 
@@ -130,7 +129,7 @@ def im2col(x, kernel, stride, pads, dilation, out_hw):
     if x.ndim != 4:
         raise ValueError(f"conv kernels: expected x (N, C, H, W), got {x.shape}")
     shape = x.shape[:2] + tuple(kernel) + tuple(out_hw)
-    return _run("im2col", x, shape, stride, pads, dilation, "dst")
+    return _run("im2col", x, shape, stride, pads, dilation)
 
 
 def col2im(cols, in_hw, stride, pads, dilation):
@@ -138,7 +137,7 @@ def col2im(cols, in_hw, stride, pads, dilation):
     if cols.ndim != 6:
         raise ValueError(f"conv kernels: expected columns (N, C, kh, kw, Ho, Wo), got "
                          f"{cols.shape}")
-    return _run("col2im", cols, cols.shape[:2] + tuple(in_hw), stride, pads, dilation, "dst")
+    return _run("col2im", cols, cols.shape[:2] + tuple(in_hw), stride, pads, dilation)
 
 
 def warmup(dtype):

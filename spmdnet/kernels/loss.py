@@ -65,15 +65,6 @@ def _cuda_kernels():  # forward: softmax.py's row kernel, then the label's log-p
     return {"backward": backward}
 
 
-_CONSTANTS = {}
-
-
-def _constants(dtype):
-    if dtype not in _CONSTANTS:
-        _CONSTANTS[dtype] = tuple(dtype.type(v) for v in (0.0, 1.0, -np.inf))
-    return _CONSTANTS[dtype]
-
-
 def _check_labels(logits, labels):
     n, classes = logits.shape
     if labels.shape != (n,) or labels.dtype.kind not in "iu" or (
@@ -102,7 +93,7 @@ def forward(logits, labels, check=True):
             raise ValueError("cross-entropy kernels: logits with 0 classes")
         return losses, probs
     x = logits if logits.flags.c_contiguous else xp.ascontiguousarray(logits)
-    c = _constants(x.dtype)
+    c = softmax.constants(x.dtype)
     if where == "cpu":
         _cpu["forward"](x, labels, losses, probs, c)
     else:  # softmax's row kernel gives probs and log-sum-exp; loss = lse - x[label]
@@ -123,7 +114,7 @@ def backward(probs, labels, scale):
     if grad.size == 0:
         return grad
     scale = scale if scale.flags.c_contiguous else xp.ascontiguousarray(scale)
-    args = (probs, labels, scale, grad, _constants(probs.dtype))
+    args = (probs, labels, scale, grad, softmax.constants(probs.dtype))
     if where == "cpu":
         _cpu["backward"](*args)
     else:

@@ -136,11 +136,6 @@ def _constants(dtype, d, eps):
     return tuple(dtype.type(v) for v in (0.0, 1.0, d, eps))
 
 
-def _rows(xp, a):
-    a = a if a.flags.c_contiguous else xp.ascontiguousarray(a)
-    return a.reshape(-1, a.shape[-1])
-
-
 def _affine(xp, x, weight, bias):
     if (weight is None) != (bias is None):
         raise ValueError("layer_norm kernels: give both weight and bias, or neither")
@@ -165,7 +160,7 @@ def forward(x, weight=None, bias=None, eps=1e-5):
     mean, rstd = xp.empty(x.shape[:-1], x.dtype), xp.empty(x.shape[:-1], x.dtype)
     if x.size == 0:
         return out, mean, rstd
-    x2 = _rows(xp, x)
+    x2 = reduce.rows(xp, x)
     args = (x2, w, b, out.reshape(x2.shape), mean.reshape(-1), rstd.reshape(-1),
             _constants(x.dtype, x.shape[-1], eps))
     if where == "cpu":
@@ -205,7 +200,7 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
             if p is not None:
                 p[...] = 0
         return gx, gw, gb
-    g2, x2, gx2 = _rows(xp, g), _rows(xp, x), gx.reshape(-1, d)
+    g2, x2, gx2 = reduce.rows(xp, g), reduce.rows(xp, x), gx.reshape(-1, d)
     m1, r1 = xp.ascontiguousarray(mean).reshape(-1), xp.ascontiguousarray(rstd).reshape(-1)
     # with a weight the kernels compute both sums: a scratch row for one not wanted
     gw1, gb1 = (a if a is not None else xp.empty(d if affine else 0, x.dtype) for a in (gw, gb))

@@ -105,3 +105,10 @@ def _build_block_reduce():
 
 
 cuda_device_functions = Builder(_build_block_reduce, device=True)
+
+
+def rows(xp, a):
+    """``a`` as a C-contiguous 2-D array (rows, last axis), a view when
+    possible (a 0-d array: one row of one): what the row kernels take."""
+    a = a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+    return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)

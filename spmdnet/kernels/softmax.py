@@ -8,6 +8,7 @@ backward is ``y * (g - sum(g * y))`` in one pass per row. A row of -inf
 gives NaN (0 * inf), as the xp reference and PyTorch. The plain-xp
 reference is ``spmdnet.ops.nn_ops.Softmax``.
 """
+import functools
 import math
 
 import numpy as np
@@ -99,26 +100,16 @@ def cuda_kernels():  # also cross-entropy's forward (loss.py)
     return {"forward": forward, "backward": backward, "from_lse": from_lse}
 
 
-_CONSTANTS = {}
-
-
-def _constants(dtype):
-    if dtype not in _CONSTANTS:
-        _CONSTANTS[dtype] = tuple(dtype.type(v) for v in (0.0, 1.0, -np.inf))
-    return _CONSTANTS[dtype]
-
-
-def _rows(xp, a):
-    a = a if a.flags.c_contiguous else xp.ascontiguousarray(a)
-    return a.reshape(-1, a.shape[-1])
+@functools.lru_cache
+def constants(dtype):
+    """``(0, 1, -inf)`` in ``dtype``, the row kernels' ``c`` (also cross-entropy's)."""
+    return tuple(dtype.type(v) for v in (0.0, 1.0, -np.inf))
 
 
 def _run(step, arrays, out, where, lse=None):
     rows = arrays[0]
     more = () if lse is None else (lse.reshape(-1),)
-    if step == "from_lse":
-        arrays, more = arrays[:1], arrays[1:]
-    args = (*arrays, out.reshape(rows.shape), *more, _constants(rows.dtype))
+    args = (*arrays, out.reshape(rows.shape), *more, constants(rows.dtype))
     if where == "cpu":
         _cpu[step](*args)
     else:
@@ -140,7 +131,7 @@ def forward_lse(x):
     xp = xp_of(x)
     out, lse = xp.empty(x.shape, x.dtype), xp.empty(x.shape[:-1], x.dtype)
     if x.size:
-        _run("forward", (_rows(xp, x),), out, where, lse)
+        _run("forward", (reduce.rows(xp, x),), out, where, lse)
     return out, lse
 
 
@@ -153,7 +144,7 @@ def from_lse(x, lse):
     xp = xp_of(x)
     out = xp.empty(x.shape, x.dtype)
     if x.size:
-        _run("from_lse", (_rows(xp, x), xp.ascontiguousarray(lse).reshape(-1)), out, where)
+        _run("from_lse", (reduce.rows(xp, x),), out, where, xp.ascontiguousarray(lse))
     return out
 
 
@@ -164,7 +155,9 @@ def backward(g, y):
         raise ValueError(f"softmax kernels: gradient {g.shape} and output {y.shape} differ")
     xp = xp_of(g)
     gx = xp.empty(g.shape, y.dtype)
-    return gx if g.size == 0 else _run("backward", (_rows(xp, g), _rows(xp, y)), gx, where)
+    if g.size == 0:
+        return gx
+    return _run("backward", (reduce.rows(xp, g), reduce.rows(xp, y)), gx, where)
 
 
 def warmup(dtype):

@@ -29,8 +29,7 @@ class ModuleSequence(Module):
 
     def __init__(self, modules=()):
         super().__init__()
-        for m in modules:
-            self.append(m)
+        self.extend(modules)
 
     def append(self, module):
         """Register ``module`` under the next index; returns self."""
@@ -208,8 +207,7 @@ class ParameterList(Module):
 
     def __init__(self, values=None):
         super().__init__()
-        for v in values or ():
-            self.append(v)
+        self.extend(values or ())
 
     @staticmethod
     def _as_parameter(value):

@@ -204,11 +204,6 @@ def normal(shape, std=1.0, dtype=None):
     return (default_generator().standard_normal(size=shape) * std).astype(dtype)
 
 
-def linear_bound(in_features):
-    """PyTorch's default bound for Linear weight and bias: 1/sqrt(in)."""
-    return 1.0 / math.sqrt(in_features) if in_features > 0 else 0.0
-
-
 def default_layer_init_(weight, bias=None):
     """PyTorch's default init of Linear and Conv layers: weight
     kaiming_uniform_(a=sqrt(5)), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""

@@ -309,8 +309,7 @@ def _to_args(args, kwargs):
         elif arg is not None:
             dtype = arg
     device, dtype = resolve_device(device), resolve_dtype(dtype)
-    if dtype is not None:
-        if dtype.kind not in "fc":
-            raise TypeError(f"nn.Module.to only accepts floating point dtypes, "
-                            f"but got desired dtype={dtype}")
+    if dtype is not None and dtype.kind not in "fc":
+        raise TypeError(f"nn.Module.to only accepts floating point dtypes, "
+                        f"but got desired dtype={dtype}")
     return device, dtype

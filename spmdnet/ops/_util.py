@@ -2,7 +2,6 @@
 import numpy as np
 
 
-
 def unbroadcast(grad, shape):
     """Sum ``grad`` down to ``shape``, undoing NumPy broadcasting.
 

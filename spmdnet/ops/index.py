@@ -17,6 +17,14 @@ def _unwrap(i, on_gpu):
     return to_device(i, "gpu") if on_gpu and isinstance(i, np.ndarray) else i
 
 
+def unwrap_index(index, data):
+    """``index`` (a part or a tuple of parts) for indexing the array ``data``."""
+    on_gpu = is_cupy_array(data)
+    if isinstance(index, tuple):
+        return tuple(_unwrap(i, on_gpu) for i in index)
+    return _unwrap(index, on_gpu)
+
+
 def _is_array(p):
     return hasattr(p, "shape") and getattr(p, "ndim", 0) > 0 or isinstance(p, list)
 
@@ -110,12 +118,7 @@ def getitem(a, index):
     """``a[index]`` with NumPy's (and PyTorch's) indexing: ints (negative
     from the end), slices, None, Ellipsis, integer arrays and boolean masks,
     each possibly a Tensor."""
-    on_gpu = is_cupy_array(a.data)
-    if isinstance(index, tuple):
-        index = tuple(_unwrap(i, on_gpu) for i in index)
-    else:
-        index = _unwrap(index, on_gpu)
-    return Index.apply(a, index=index)
+    return Index.apply(a, index=unwrap_index(index, a.data))
 
 
 def narrow(a, dim, start, length):

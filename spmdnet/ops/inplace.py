@@ -15,7 +15,7 @@ import operator
 from .._tensor import Tensor
 from ..autograd import is_grad_enabled
 from ..backend import device_of, to_device
-from .index import _unwrap
+from .index import unwrap_index
 
 
 def _value(other):
@@ -49,7 +49,6 @@ def _augmented(name, fallback, update):
         return self
     method.__name__ = name
     return method
-
 
 
 iadd = _augmented("__iadd__", lambda a, b: a + b, operator.iadd)
@@ -110,11 +109,7 @@ def copy_(self, src, non_blocking=False):
 def setitem(self, index, value):
     """``t[index] = value`` in place (index parts may be Tensors)."""
     _no_graph(self, "__setitem__", value)
-    on_gpu = device_of(self.data) == "gpu"
-    if isinstance(index, tuple):
-        index = tuple(_unwrap(i, on_gpu) for i in index)
-    else:
-        index = _unwrap(index, on_gpu)
+    index = unwrap_index(index, self.data)
     value = _value(value)
     if hasattr(value, "shape"):
         value = to_device(value, device_of(self.data))

@@ -143,7 +143,6 @@ def type(self, dtype=None, non_blocking=False):  # noqa: A001 - PyTorch's method
     return cast(self, dtype)
 
 
-
 METHODS = {
     "clone": clone, "requires_grad_": requires_grad_, "softmax": softmax,
     "log_softmax": log_softmax, "new_zeros": new_zeros, "new_ones": new_ones,

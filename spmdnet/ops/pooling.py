@@ -182,7 +182,6 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,  # n
     return y.squeeze(0) if unbatched else y
 
 
-
 def adaptive_bounds(size, out):
     """PyTorch's adaptive windows: [floor(i·size/out), ceil((i+1)·size/out))."""
     return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]

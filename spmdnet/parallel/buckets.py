@@ -12,6 +12,16 @@ step neither allocates nor copies for communication (DDP's
 from .._tensor import Tensor
 from ..backend import xp_of
 
+MB = 1024 * 1024
+FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
+
+
+def bucket_bytes(bucket_mb):
+    """(first bucket, other buckets) caps in bytes for a ``bucket_mb`` option."""
+    if bucket_mb <= 0:
+        raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+    return min(FIRST_BUCKET_MB, bucket_mb) * MB, bucket_mb * MB
+
 
 class Bucket:
     """A flat buffer and the parameters whose gradients are views into it

@@ -17,13 +17,10 @@ from ..backend import is_cupy_array, xp_of
 from ..errors import DistributedError, NonFiniteError
 from ..nn.module import Module
 from ..autograd import Function, is_grad_enabled, queue_callback
-from .buckets import build_buckets
+from .buckets import bucket_bytes, build_buckets
 from .join import Join, notify
 from .reducer import REDUCERS, choose_overlap
 from .sync_batchnorm import attach as attach_sync_batchnorm
-
-MB = 1024 * 1024
-FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
 
 
 class _BackwardSentinel(Function):
@@ -55,6 +52,17 @@ def check_same_parameters(comm, named):
                 raise DistributedError(
                     f"DataParallel: ranks built different models; parameter #{i}: "
                     f"rank 0 has {_describe(a)}, rank {r} has {_describe(b)}")
+
+
+def wrapping(model, comm):
+    """(World, the base communicator, the model's trainable [(name, param)])
+    for a wrapper over ``comm`` (None: the world, initialised); raises unless
+    every rank built the same model."""
+    world = dist.init() if comm is None else dist.world()
+    base = comm if comm is not None else world.comm
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    check_same_parameters(base, named)
+    return world, base, named
 
 
 def _describe(entry):
@@ -104,14 +112,10 @@ class DataParallel(Module):
     def __init__(self, model, comm=None, bucket_mb=25.0, overlap="auto", nonfinite="ignore",
                  broadcast_buffers=True):
         super().__init__()
-        if bucket_mb <= 0:
-            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        first, cap = bucket_bytes(bucket_mb)
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         self.module = model
-        world = dist.init() if comm is None else dist.world()
-        base = comm if comm is not None else world.comm
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        check_same_parameters(base, named)
+        world, base, named = wrapping(model, comm)
         self.broadcast_buffers, self._buffers_answered = broadcast_buffers, False
         attach_sync_batchnorm(self, model, base)
         # A private communicator: our reductions never interleave with the
@@ -121,8 +125,7 @@ class DataParallel(Module):
         params = [p for _, p in reversed(named)]
         self._names = {id(p): n for n, p in named}
         self._bad = []
-        first = min(FIRST_BUCKET_MB, bucket_mb) * MB
-        self.buckets = build_buckets(params, first, bucket_mb * MB) if params else []
+        self.buckets = build_buckets(params, first, cap) if params else []
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._view_of = {id(p): v for b in self.buckets for p, v in zip(b.params, b.views)}
         self._broadcast_state()

@@ -41,8 +41,7 @@ from .._tensor import Tensor
 from ..backend import xp_of
 from ..autograd import is_grad_enabled, queue_callback
 from ..nn.module import Module
-from .data_parallel import (DataParallel, _BackwardSentinel, check_same_parameters,
-                            nonfinite_mode)
+from .data_parallel import DataParallel, _BackwardSentinel, nonfinite_mode, wrapping
 from .fsdp_layout import optimizer_groups, owners, policy, split_flats
 from .fsdp_prefetch import Prefetcher, ReduceScatters
 from .fsdp_state import full_optim_state, load_full_optim_state
@@ -75,10 +74,7 @@ class FullyShardedDataParallel(Module):
         super().__init__()
         self._group_fn = param_groups
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
-        world = dist.init() if comm is None else dist.world()
-        base = comm if comm is not None else world.comm
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        check_same_parameters(base, named)
+        _, base, _ = wrapping(module, comm)
         object.__setattr__(self, "module", module)  # not a submodule: its parameters are not ours
         self.comm = dist.dup(base)
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()

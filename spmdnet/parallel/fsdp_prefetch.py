@@ -26,6 +26,15 @@ import time
 
 from .. import distributed as dist
 from ..backend import is_cupy_array
+from .reducer import progress
+
+
+def _guarded_wait(op, comm, req, buf):
+    """Complete ``req`` inside ``dist.guarded``; returns the seconds waited."""
+    t0 = time.perf_counter()
+    with dist.guarded(op, comm, buf):
+        req.Wait()
+    return time.perf_counter() - t0
 
 
 class Prefetcher:
@@ -70,8 +79,7 @@ class Prefetcher:
         return full
 
     def poke(self):
-        if self.pending:
-            dist.mpi().Request.Testall([req for req, _ in self.pending.values()])
+        progress(req for req, _ in self.pending.values())
 
     def _start(self, flat):
         buf = flat.take()
@@ -81,10 +89,7 @@ class Prefetcher:
 
     def _wait(self, flat):
         req, buf = self.pending.pop(flat)
-        t0 = time.perf_counter()
-        with dist.guarded("allgather(FSDP prefetch)", self.comm, buf):
-            req.Wait()
-        self.wait_s += time.perf_counter() - t0
+        self.wait_s += _guarded_wait("allgather(FSDP prefetch)", self.comm, req, buf)
         return buf
 
 
@@ -122,16 +127,12 @@ class ReduceScatters:
             self.poke()
 
     def poke(self):
-        if self.pending:
-            dist.mpi().Request.Testall([entry[1] for entry in self.pending])
+        progress(entry[1] for entry in self.pending)
 
     def wait_all(self):
         while self.pending:
             flat, req, full = self.pending.pop(0)
-            t0 = time.perf_counter()
-            with dist.guarded("reduce_scatter(FSDP gradient)", self.comm, full):
-                req.Wait()
-            self.wait_s += time.perf_counter() - t0
+            self.wait_s += _guarded_wait("reduce_scatter(FSDP gradient)", self.comm, req, full)
             mine = full[:flat.shard_numel]
             mine /= self.size
             # a new .grad is a copy: a view would keep the whole flat gradient alive

@@ -121,14 +121,18 @@ class Flat:
         self.view(full)
         return full
 
+    @property
+    def live(self):
+        """Whether the full parameters are gathered (the parameters view ``full``)."""
+        return self.full is not None
+
     def view(self, full):
-        self.live, self.full = True, full
+        self.full = full
         for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
             p.data = full[off:off + n].reshape(shape)
 
     def free(self):
         """Full parameters and gradients dropped: zero-size arrays remain."""
-        self.live = False
         if self.full is not None:
             self.give(self.full)
             self.full = None

@@ -26,6 +26,14 @@ def _sum_in_place(buffer, comm):
     dist.on_host(buffer, lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM))
 
 
+def progress(requests):
+    """Test ``requests`` (MPI requests): MPICH progresses non-blocking
+    collectives only inside MPI calls."""
+    requests = list(requests)
+    if requests:
+        dist.mpi().Request.Testall(requests)
+
+
 class NonBlockingReducer:
     def __init__(self, comm):
         self.comm, self.MPI, self.requests = comm, dist.mpi(), {}
@@ -36,8 +44,7 @@ class NonBlockingReducer:
 
     def poke(self):
         """Give MPI a chance to progress in-flight reductions."""
-        if self.requests:
-            self.MPI.Request.Testall(list(self.requests.values()))
+        progress(self.requests.values())
 
     def wait(self, bucket):
         self.requests.pop(bucket.index).Wait()

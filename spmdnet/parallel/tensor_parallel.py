@@ -71,6 +71,13 @@ def _full_linear_init(in_features, out_features, bias, dtype):
     return dense.weight.data, None if dense.bias is None else dense.bias.data
 
 
+def check_comm(comm, layer):
+    """TypeError unless ``comm`` is a communicator (a layer's TP group)."""
+    if not hasattr(comm, "Get_size"):
+        raise TypeError(f"{layer}: comm must be an mpi4py communicator (e.g. mesh.tp), got "
+                        f"{type(comm).__name__}")
+
+
 class TPModule(Module):
     """Base of tensor-parallel layers other than the linear ones: state-dict
     tools check that its ``tp_size`` is the mesh's."""
@@ -83,9 +90,7 @@ class _ParallelLinear(Module):
 
     def __init__(self, in_features, out_features, comm):
         super().__init__()
-        if not hasattr(comm, "Get_size"):
-            raise TypeError(f"{type(self).__name__}: comm must be an mpi4py communicator "
-                            f"(e.g. mesh.tp), got {type(comm).__name__}")
+        check_comm(comm, type(self).__name__)
         self.in_features, self.out_features = in_features, out_features
         self.comm, self.tp_size = comm, comm.Get_size()
 

@@ -28,15 +28,9 @@ from ..autograd import Function
 from ..backend import xp_of
 from ..nn import Embedding, MultiheadAttention, Parameter
 from ..nn.attention import _additive
-from .tensor_parallel import (RowParallelLinear, TPModule, _ParallelLinear, _shard, split_shard,
-                              tp_rng_region)
+from .tensor_parallel import (RowParallelLinear, TPModule, _ParallelLinear, _shard, check_comm,
+                              split_shard, tp_rng_region)
 from .tp_collectives import copy_to_group, reduce_from_group
-
-
-def _check_comm(comm, layer):
-    if not hasattr(comm, "Get_size"):
-        raise TypeError(f"{layer}: comm must be an mpi4py communicator (e.g. mesh.tp), got "
-                        f"{type(comm).__name__}")
 
 
 class _OutProjection(RowParallelLinear):
@@ -61,7 +55,7 @@ class ParallelSelfAttention(TPModule):
 
     def __init__(self, embed_dim, num_heads, comm, dropout=0.0, bias=True, dtype=None):
         super().__init__()
-        _check_comm(comm, "ParallelSelfAttention")
+        check_comm(comm, "ParallelSelfAttention")
         self.comm, self.tp_size = comm, comm.Get_size()
         if num_heads % self.tp_size:
             raise ValueError(f"ParallelSelfAttention: num_heads {num_heads} is not divisible "
@@ -117,7 +111,7 @@ class VocabParallelEmbedding(TPModule):
 
     def __init__(self, num_embeddings, embedding_dim, comm, dtype=None):
         super().__init__()
-        _check_comm(comm, "VocabParallelEmbedding")
+        check_comm(comm, "VocabParallelEmbedding")
         self.comm, self.tp_size = comm, comm.Get_size()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         full = Embedding(num_embeddings, embedding_dim, dtype=dtype).weight.data
@@ -176,7 +170,7 @@ def vocab_parallel_cross_entropy(logits_shard, target, comm, ignore_index=-100):
     """``F.cross_entropy(gathered_logits, target, ignore_index=...)`` (mean over
     the targets not ignored) from this rank's vocabulary slice of the logits
     (N, V/tp) or (..., V/tp), without gathering them."""
-    _check_comm(comm, "vocab_parallel_cross_entropy")
+    check_comm(comm, "vocab_parallel_cross_entropy")
     xp = xp_of(logits_shard.data)
     tgt = xp.asarray(target.data if isinstance(target, Tensor) else target)
     if tgt.dtype.kind not in "iu" or tgt.shape != tuple(logits_shard.shape[:-1]):

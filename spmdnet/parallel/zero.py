@@ -30,7 +30,7 @@ from .._tensor import Tensor
 from ..backend import xp_of
 from ..nn.parameter import Parameter
 from ..optim import Adam, clip_grad_norm_
-from .zero_grads import GradientReduceScatter
+from .zero_grads import DATA_PARALLEL_CLASH, GradientReduceScatter
 from .zero_state import full_state_dict, load_full_state_dict
 
 
@@ -64,9 +64,7 @@ class ZeroRedundancyOptimizer:
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.stage, self.reduce_gradients = stage, reduce_gradients or stage == 2
         if stage == 2 and any(getattr(p, "grad_buffer", None) is not None for p in self.params):
-            raise ValueError("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gradients "
-                             "itself: do not wrap the model in DataParallel (use stage=1 over "
-                             "DataParallel, or stage 2 on the bare model)")
+            raise ValueError(DATA_PARALLEL_CLASH)
         self._build_flat()
         self.optim = optimizer_class([dict(g, params=[p]) for g, p in
                                       zip(self.groups, self.shard_params)], **defaults)

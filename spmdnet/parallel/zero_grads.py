@@ -29,11 +29,12 @@ reduce-scattered blocking, through host memory, at the end of backward.
 from .. import distributed as dist
 from ..autograd import queue_callback
 from ..backend import asnumpy, is_cupy_array, xp_of
-from .buckets import assign_buckets
+from .buckets import assign_buckets, bucket_bytes
 
-MB = 1024 * 1024
-FIRST_BUCKET_MB = 1.0  # as DataParallel: a small first bucket starts communication early
 IN_FLIGHT = 2          # buckets whose staging buffers may be alive at once
+DATA_PARALLEL_CLASH = ("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gradients "
+                       "itself: do not wrap the model in DataParallel (use stage=1 over "
+                       "DataParallel, or stage 2 on the bare model)")
 
 
 class _Bucket:
@@ -54,14 +55,12 @@ class GradientReduceScatter:
     """Hooks on ``zo.params`` that leave each rank only ``zo.grad_shard``."""
 
     def __init__(self, zo, bucket_mb):
-        if bucket_mb <= 0:
-            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        first, cap = bucket_bytes(bucket_mb)  # as DataParallel's buckets
         self.zo, self.comm = zo, dist.dup(zo.comm)  # private: never interleaves with the user's
         self.size, self.MPI = zo.size, dist.mpi()
         self.on_gpu = is_cupy_array(zo.flat)
         offsets = {id(p): off for p, off in zip(zo.params, zo.offsets)}
-        groups = assign_buckets(list(reversed(zo.params)), min(FIRST_BUCKET_MB, bucket_mb) * MB,
-                                bucket_mb * MB)
+        groups = assign_buckets(list(reversed(zo.params)), first, cap)
         self.buckets = [_Bucket(i, g, offsets, zo.shard_size, self.size)
                         for i, g in enumerate(groups)]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
@@ -79,9 +78,7 @@ class GradientReduceScatter:
     # -- during backward -----------------------------------------------------------
     def _on_grad_ready(self, p):
         if getattr(p, "grad_buffer", None) is not None:
-            raise ValueError("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gradients "
-                             "itself: do not also wrap the model in DataParallel (use stage=1 "
-                             "over DataParallel, or stage 2 on the bare model)")
+            raise ValueError(DATA_PARALLEL_CLASH)
         if not self._scheduled:
             self._scheduled = True
             queue_callback(self.finish)

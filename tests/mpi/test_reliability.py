@@ -140,6 +140,7 @@ def test_check_mode_leaves_groups_running_different_collectives_alone(debug_coll
             dist.broadcast(x, comm=mesh.tp)
             dist.allgather(x, comm=mesh.tp)
         dist.barrier()
+    assert x[0] == (4.0 if mesh.dp_rank == 0 else 1.0)  # each group ran its own collectives
 
 
 def test_check_mode_waits_for_a_late_member(debug_collectives):

@@ -143,8 +143,10 @@ def test_zero2_checkpoint_resumes_like_uninterrupted():
     zo2.close()
 
 
-def test_zero2_rank_without_gradient_joins_with_zeros():
-    """A rank whose loss reaches no parameter still takes part (at step())."""
+def rank0_alone_step(max_norm=None):
+    """One ZeRO-2 step (clipped to ``max_norm`` when given) where only rank 0's
+    backward reaches the parameters, against the serial step on its batch
+    over P; the parameters must agree. Returns (ZeRO-2's norm, the serial norm)."""
     ref, model = Net(), Net()
     ref_opt = optim.SGD(trainable(ref), lr=0.1)
     zo = parallel.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD,
@@ -153,37 +155,29 @@ def test_zero2_rank_without_gradient_joins_with_zeros():
     zo.zero_grad()
     if dist.rank() == 0:
         F.cross_entropy(model(sn.tensor(x[:4])), y[:4]).backward()
+    norm = zo.clip_grad_norm_(max_norm) if max_norm else None
     zo.step()
     ref_opt.zero_grad()
     (F.cross_entropy(ref(sn.tensor(x[:4])), y[:4]) / dist.size()).backward()
     zero_unused_grads(ref)
+    want = nn.utils.clip_grad_norm_(trainable(ref), max_norm) if max_norm else None
     ref_opt.step()
     assert_same_parameters(model, ref)
     zo.close()
+    return norm, want
+
+
+def test_zero2_rank_without_gradient_joins_with_zeros():
+    """A rank whose loss reaches no parameter still takes part (at step())."""
+    rank0_alone_step()
 
 
 def test_zero2_rank_without_gradient_joins_before_clipping():
     """Clipping is a collective too: a rank whose backward reached no
     parameter joins the reduce-scatter first (no deadlock), and the norm is
     the global one."""
-    ref, model = Net(), Net()
-    ref_opt = optim.SGD(trainable(ref), lr=0.1)
-    zo = parallel.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.SGD,
-                                          stage=2, bucket_mb=TINY_MB, lr=0.1)
-    x, y = global_batch(0)
-    zo.zero_grad()
-    if dist.rank() == 0:
-        F.cross_entropy(model(sn.tensor(x[:4])), y[:4]).backward()
-    norm = zo.clip_grad_norm_(0.05)
-    zo.step()
-    ref_opt.zero_grad()
-    (F.cross_entropy(ref(sn.tensor(x[:4])), y[:4]) / dist.size()).backward()
-    zero_unused_grads(ref)
-    want = nn.utils.clip_grad_norm_(trainable(ref), 0.05)
-    ref_opt.step()
+    norm, want = rank0_alone_step(max_norm=0.05)
     np.testing.assert_allclose(norm, float(want), rtol=1e-12)
-    assert_same_parameters(model, ref)
-    zo.close()
 
 
 def test_zero2_refuses_data_parallel_and_bad_stage():
