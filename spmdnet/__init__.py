@@ -3,7 +3,7 @@
 Importing spmdnet needs neither a GPU nor an MPI launch: ``dist`` imports
 mpi4py only when first used.
 """
-__version__ = "0.1.0"  # before the imports: checkpoint.py reads it while this file runs
+from .version import __version__
 
 from . import autograd, data, distributed, functional, host_memory, nn, optim, parallel
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
+from .version import __version__
 from . import distributed as dist
 from . import checkpoint_io as ckio
 from . import random as sn_random
