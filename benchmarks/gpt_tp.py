@@ -1,4 +1,4 @@
-"""The GPT of examples/train_gpt.py, tensor parallel over N ranks against the serial step.
+"""The GPT of examples/gpt/ (model.py), tensor parallel over N ranks against the serial step.
 
     python benchmarks/gpt_tp.py [--ranks 2] [--steps 20] [--n-embd 128] [--batch 16]
 
@@ -25,8 +25,8 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, launch, optim, parallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from train_gpt import GPT, load_part  # noqa: E402 - the example's model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "gpt"))
+from model import GPT, load_part  # noqa: E402 - the GPT examples' model
 
 from tp_step import Counter, timed_steps  # benchmarks/ is on the path of a script run
 

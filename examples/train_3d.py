@@ -1,6 +1,7 @@
 """Data x tensor x pipeline parallelism: the main job's MLP on a 3D mesh.
 
     mpirun -n 8 python examples/train_3d.py --tp 2 --pp 2
+    mpirun -n 4 python examples/train_3d.py --tp 2 --pp 1 --fsdp
 
 The ranks form a Mesh of dp x tp x pp (dp = ranks / (tp * pp); the ranks of a
 tensor-parallel group are adjacent). With tp > 1 the first two layers are a
@@ -21,27 +22,45 @@ TP slices.
 """
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import cli, data, dist, nn, optim, parallel
-# examples/: train_mlp.py's options, data files and self-check
-from train_mlp import REFERENCE_BATCH, accuracy_check, datasets, model_options
+
+REFERENCE_BATCH = 256  # --lr is given for this global batch and scaled linearly
 
 
 def parse_args(argv=None):
     """train_mlp.py's model options (--batch-size: per dp rank), and the mesh's."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[model_options()])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", default="data", help="where the digits files are written")
+    p.add_argument("--epochs", type=cli.positive_int, default=10)
+    p.add_argument("--batch-size", type=cli.positive_int, default=16,
+                   help="samples per data-parallel rank per step")
+    p.add_argument("--lr", type=cli.positive_float, default=0.4, help=f"for a global batch of "
+                   f"{REFERENCE_BATCH}; scaled linearly with the actual global batch")
+    p.add_argument("--hidden", type=cli.positive_int, default=128)
+    p.add_argument("--dropout", type=cli.probability, default=0.0)
+    p.add_argument("--seed", type=cli.non_negative_int, default=0)
+    p.add_argument("--min-accuracy", type=cli.probability, default=0.95)
     p.add_argument("--tp", type=cli.positive_int, default=2, help="tensor-parallel group size")
     p.add_argument("--pp", type=cli.positive_int, default=2, help="pipeline stages")
     p.add_argument("--micro-batches", type=cli.positive_int, default=4,
                    help="per step, with --pp > 1")
     p.add_argument("--fsdp", action="store_true",
                    help="data parallelism by FullyShardedDataParallel (with --pp 1)")
-    p.set_defaults(epochs=10, data="digits", test_data=None)  # data: train_mlp's digits
     return p.parse_args(argv)
+
+
+def digits(data_dir):
+    """(train, test) HDF5Datasets of the UCI digits, written on first use."""
+    paths = Path(data_dir) / "digits_train.h5", Path(data_dir) / "digits_test.h5"
+    if not all(p.exists() for p in paths):
+        paths = data.datasets.make_digits(Path(data_dir))
+    return data.HDF5Dataset(paths[0]), data.HDF5Dataset(paths[1])
 
 
 def build_blocks(in_features, hidden, classes, dropout, mesh):
@@ -123,7 +142,7 @@ def main(argv=None):
     world = dist.init()
     mesh = dist.Mesh(tp=args.tp, pp=args.pp)
     sn.manual_seed(args.seed)  # the same on every rank: TP layers slice one full draw
-    train_set, test_set = datasets(args)
+    train_set, test_set = digits(args.data_dir)
     features, classes = int(np.prod(train_set.sample_shape)), int(train_set.targets().max()) + 1
     net = Net(args, mesh, features, classes)
     # every rank of a TP group and of a pipeline reads the same samples
@@ -149,7 +168,10 @@ def main(argv=None):
         dist.print0(f"epoch {epoch:3d}  loss {loss:.4f}  val loss {val['loss']:.4f}  val "
                     f"accuracy {val['accuracy']:.4f} ({val['count']} samples)  "
                     f"{rate:.0f} samples/s")
-    return accuracy_check(data.evaluate(net, test_set, comm=mesh.dp), args.min_accuracy)
+    final = data.evaluate(net, test_set, comm=mesh.dp)
+    dist.print0(f"test accuracy {final['accuracy']:.4f} on {final['count']} samples")
+    return cli.self_check(final["accuracy"] >= args.min_accuracy, f"test accuracy "
+                          f"{final['accuracy']:.4f} < {args.min_accuracy}", "accuracy check passed")
 
 
 if __name__ == "__main__":

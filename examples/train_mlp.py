@@ -30,14 +30,15 @@ import numpy as np
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import cli, data, dist, nn, optim, parallel
+from spmdnet.checkpoint import resume
 from spmdnet.profiler import StepProfiler
 
 REFERENCE_BATCH = 256  # --lr is given for this global batch and scaled linearly
 
 
 def model_options():
-    """The model and schedule options, shared with train_3d.py (whose --tp 1
-    --pp 1 trains what this job trains)."""
+    """The model and schedule options (train_3d.py has the same ones: its
+    --tp 1 --pp 1 trains what this job trains)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--data-dir", default="data", help="where built-in datasets are written")
     p.add_argument("--epochs", type=cli.positive_int, default=20)
@@ -100,27 +101,8 @@ def save(args, step, model, opt, sched, loader, losses):
     """A checkpoint, with every rank's losses of the epoch so far (a resumed
     epoch's train_loss is then the uninterrupted run's)."""
     losses = dist.allgather(np.array(losses, np.float64)).tolist()  # collective
-    sn.save_checkpoint(args.checkpoint_dir + "/", model, opt, step=step,
-                       loader=loader.state_dict(), scheduler=sched.state_dict(),
-                       options=options(args), epoch_losses=losses)
-
-
-def resume(args, model, opt, sched, loader):
-    """Continue from the newest checkpoint in --checkpoint-dir, if any;
-    returns the number of steps done and this rank's losses of the epoch so far."""
-    found = sn.latest_checkpoint(args.checkpoint_dir) if args.checkpoint_dir else None
-    if dist.check_same(dist.comm_or_default(), found, "newest checkpoint") is None:
-        return 0, []
-    extra = sn.load_checkpoint(found, model, opt)
-    if extra["options"] != options(args):
-        raise SystemExit(f"{found} was trained with {extra['options']}, this run asks for "
-                         f"{options(args)}: resume with the same options or start a new "
-                         "--checkpoint-dir")
-    sched.load_state_dict(extra["scheduler"])
-    loader.load_state_dict(extra["loader"])
-    dist.print0(f"resumed from {found} at step {extra['step']}, epoch "
-                f"{loader.sampler.epoch}, {loader.sampler.start_index} samples into it")
-    return extra["step"], extra.get("epoch_losses", [[]] * dist.size())[dist.rank()]
+    sn.save_checkpoint(args.checkpoint_dir + "/", model, opt, step=step, loader=loader,
+                       scheduler=sched, options=options(args), epoch_losses=losses)
 
 
 def logged_epochs(args, resumed):
@@ -178,7 +160,14 @@ def main(argv=None):
     dist.print0(f"{dist.size()} ranks, {len(train_set)} training samples, global batch "
                 f"{global_batch}, {len(loader)} steps/epoch")
 
-    step, losses = resume(args, model, opt, sched, loader)  # losses: of the epoch so far
+    # the newest checkpoint in --checkpoint-dir, if any: model, optimizer, RNGs, loader, scheduler
+    extra = resume(args.checkpoint_dir, model, opt, scheduler=sched, loader=loader,
+                   options=options(args))
+    step, losses = 0, []  # losses: of the epoch so far
+    if extra is not None:
+        step, losses = extra["step"], extra["epoch_losses"][dist.rank()]
+        dist.print0(f"resumed from {args.checkpoint_dir} at step {step}, epoch "
+                    f"{sampler.epoch}, {sampler.start_index} samples into it")
     logged = logged_epochs(args, resumed=step > 0)
     stop = dist.StopSignal() if args.checkpoint_dir else None  # SIGTERM, SIGUSR1
     prof = StepProfiler(ddp, loader, enabled=args.profile)

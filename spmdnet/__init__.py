@@ -1,15 +1,15 @@
 """spmdnet: neural networks trained with plain MPI, NumPy and CuPy.
 
 Importing spmdnet needs neither a GPU nor an MPI launch: ``dist`` imports
-mpi4py only when first used.
+mpi4py only when first used. Nor does it touch the process's malloc: the
+first tensor or module applies the host allocator policy (host_memory.py).
 """
-from .version import __version__
+from .version import __version__  # noqa: F401 - sn.__version__, as torch.__version__
 
-from . import autograd, data, distributed, functional, host_memory, nn, optim, parallel
+from . import autograd, data, distributed, functional, nn, ops, optim, parallel
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .errors import CheckpointError, DistributedError
-from .ops import REGISTRY as _OPS  # noqa: F401 - binds the Tensor operators
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
 from ._tensor import Tensor, get_default_dtype, set_default_dtype
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
@@ -36,7 +36,7 @@ from .ops.scan import cumprod, cumsum, flip, roll
 from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
                        queue_callback)
 
-host_memory.retain_freed_memory()  # no page faults for each step's arrays (host_memory.py)
+ops.bind_tensor_methods()  # Tensor's operators and methods (+, @, .sum() ...): ops/__init__.py
 dist = distributed  # the short name: `from spmdnet import dist`
 
 __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",

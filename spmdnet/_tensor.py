@@ -7,17 +7,30 @@ with its input tensors as ``parents``; ``spmdnet.autograd.engine`` walks that
 graph. (The module is ``_tensor``, as PyTorch's ``torch/_tensor.py``, because
 the package attribute ``spmdnet.tensor`` is the factory function.)
 
-This module knows no op by name: ``spmdnet.ops`` binds the operators and
-methods (``+``, ``@``, ``.sum()`` ...) onto Tensor from one explicit table.
+This module knows no op by name: ``spmdnet.ops.bind_tensor_methods()``
+(called by ``spmdnet/__init__.py``) binds the operators and methods (``+``,
+``@``, ``.sum()`` ...) onto Tensor from one explicit table.
 
 The default floating dtype lives here too: it decides what tensors built from
 Python lists and new parameters hold.
 """
 import numpy as np
 
+from . import host_memory
 from .backend import asnumpy, device_of, is_cupy_array
 
 _default_dtype = [np.dtype(np.float32)]
+
+# The host allocator policy (host_memory.py) changes the whole process, so
+# the first tensor applies it, not ``import spmdnet``; one global read per
+# tensor after that.
+_host_policy_pending = True
+
+
+def _apply_host_policy():
+    global _host_policy_pending
+    host_memory.retain_freed_memory()
+    _host_policy_pending = False
 
 
 def set_default_dtype(dtype):
@@ -56,6 +69,8 @@ class Tensor:
     __array_priority__ = 1000  # ndarray OP Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False):
+        if _host_policy_pending:
+            _apply_host_policy()
         self.data = _as_array(data)
         self._grad = None
         # Preallocated home of this leaf's gradient: a Tensor whose .data is

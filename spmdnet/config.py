@@ -12,9 +12,8 @@ import warnings
 
 KNOBS = {
     "SPMDNET_DEVICE": "cpu | gpu | auto (default auto: gpu when CuPy sees one)",
-    "SPMDNET_KERNELS": "numba | numba-cuda | xp (default numba when Numba imports): "
-                       "whether ops take the Numba kernels (numba-cuda: also the CUDA "
-                       "ones on CuPy arrays, slower than CuPy's on an H100); read once, "
+    "SPMDNET_KERNELS": "numba | xp (default numba when Numba imports): "
+                       "whether ops take the Numba kernels on NumPy arrays; read once, "
                        "at the first op (kernels.use() changes it for a block)",
     "SPMDNET_KERNEL_CACHE": "1 | 0 (default 1): keep compiled kernels on disk between runs "
                             "(kernels.warmup(comm=...) compiles in rank order)",
@@ -33,8 +32,9 @@ KNOBS = {
                                 "2 x SPMDNET_WATCHDOG_S = 600, PyTorch's collective "
                                 "timeout; 0: report, never abort)",
     "SPMDNET_HOST_ALLOCATOR": "retain | system (default retain): keep freed array memory "
-                              "in the heap for the next step (glibc mallopt; "
-                              "spmdnet/host_memory.py), or leave malloc as it is",
+                              "in the heap for the next step (glibc mallopt at the first "
+                              "tensor or module; spmdnet/host_memory.py), or leave malloc "
+                              "as it is",
     "SPMDNET_EXIT_TIMEOUT_S": "seconds a rank that left the program waits for the others "
                               "to leave too before aborting the job (default 30; 0: no wait)",
 }
@@ -90,7 +90,7 @@ _BOOL = ("1", "0", "true", "false", "yes", "no", "on", "off")
 # or None (free text, such as a path).
 CHECKS = {
     "SPMDNET_DEVICE": ("auto", "cpu", "gpu"),
-    "SPMDNET_KERNELS": ("numba", "numba-cuda", "xp"),
+    "SPMDNET_KERNELS": ("numba", "xp"),
     "SPMDNET_KERNEL_CACHE": _BOOL,
     "SPMDNET_CACHE_DIR": None,
     "SPMDNET_ABORT_ON_ERROR": _BOOL,

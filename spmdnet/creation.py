@@ -10,11 +10,9 @@ as PyTorch. Random draws come from spmdnet's generator (``sn.manual_seed``).
 """
 import numpy as np
 
+from ._args import resolve_device, resolve_dtype, scalar_dtype, shape_arg
 from ._tensor import Tensor, _as_array, get_default_dtype
 from .backend import require_cupy, to_device
-from .ops._util import scalar_dtype
-from .ops.convert import resolve_device, resolve_dtype
-from .ops.shape import shape_arg
 from .random import generator_for
 
 

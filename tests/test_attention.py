@@ -1,11 +1,6 @@
-"""scaled_dot_product_attention (one op, ops/attention.py; kernels/attention.py)
-and nn.MultiheadAttention against plain-NumPy references and float64 finite
-differences. The CUDA twins of the kernels run under Numba's CUDA simulator
-in a subprocess (tiny shapes)."""
-import os
-import subprocess
-import sys
-
+"""scaled_dot_product_attention (one op, ops/attention.py; its dropout in
+kernels/attention.py) and nn.MultiheadAttention against plain-NumPy
+references and float64 finite differences."""
 import numpy as np
 import pytest
 
@@ -14,9 +9,7 @@ import spmdnet.nn.functional as F
 from spmdnet import kernels, nn
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import attention as katt
-from tests.test_kernels_numerics import target  # noqa: F401 - the cpu/cudasim fixture
 
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 RNG = np.random.default_rng(0)
 
 
@@ -176,43 +169,6 @@ def test_saves_no_scores(mode):
         assert saved <= sum(x.data.nbytes for x in t) + out.data.nbytes + lse.nbytes + 64
         out.sum().backward()
         assert all(x.grad.dtype == np.float32 for x in t)
-
-
-# -- the Numba kernels against the xp code, CPU and (in a subprocess) the CUDA simulator ----
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("causal,p", [(False, 0.0), (True, 0.0), (True, 0.4)])
-def test_kernels_match_xp(target, dtype, causal, p):  # noqa: F811 - the fixture
-    shapes = [(2, 3, 4), (2, 5, 4), (2, 5, 3)] if target == "cudasim" else \
-        [(3, 17, 8), (3, 20, 8), (3, 20, 5)]
-    q, k, v = (randn(*s).astype(dtype) for s in shapes)
-    g = randn(*shapes[0][:2], shapes[2][2]).astype(dtype)
-    op = sn.ops.attention.ScaledDotProductAttention
-    t = [sn.tensor(a, requires_grad=True) for a in (q, k, v)]
-    with kernels.use("xp"):
-        ref = op.apply(*t, causal=causal, scale=0.6, dropout_p=p, seed=99)
-    ref_lse = ref._ctx.lse
-    ref.backward(sn.tensor(g))
-    out, lse = katt.forward(q, k, v, causal, 0.6, p, 99)
-    grads = katt.backward(g, q, k, v, out, lse, causal, 0.6, p, 99)
-    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-13}
-    np.testing.assert_allclose(out, ref.numpy(), **tol)
-    np.testing.assert_allclose(lse, ref_lse, **tol)
-    for got, x in zip(grads, t, strict=True):
-        assert got.dtype == dtype
-        np.testing.assert_allclose(got, x.grad.numpy(), **tol)
-
-
-@pytest.mark.skipif(SIMULATOR or os.environ.get("NUMBA_DISABLE_JIT") == "1",
-                    reason="this is that subprocess")
-def test_cuda_simulator():
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1", NUMBA_ENABLE_CUDASIM="1")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-         "-k", "kernels_match_xp and cudasim"],
-        env=env, capture_output=True, text=True, timeout=600,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert result.returncode == 0 and " passed" in result.stdout, \
-        result.stdout[-4000:] + result.stderr[-2000:]
 
 
 # -- nn.MultiheadAttention against a hand-written composition ---------------------------------

@@ -68,7 +68,8 @@ CRASH = textwrap.dedent("""
     import os, sys
     import numpy as np
     import spmdnet as sn
-    from spmdnet import checkpoint, nn, optim
+    from spmdnet import nn, optim
+    from spmdnet.checkpoint import files, h5format
     sn.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -76,9 +77,9 @@ CRASH = textwrap.dedent("""
     model.weight.data[...] = 42.0
     where = sys.argv[2]
     if where == "datasets":   # die while the optimizer datasets are being written
-        checkpoint._write_optimizer = lambda f, s: os._exit(9)
+        h5format.write_optimizer = lambda group, state: os._exit(9)
     else:                     # die after writing, before the rename
-        checkpoint._fsync = lambda path: os._exit(9)
+        files.fsync = lambda path: os._exit(9)
     sn.save_checkpoint(sys.argv[1], model, opt, step=2)
 """)
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import spmdnet as sn
-from spmdnet import checkpoint, checkpoint_io, nn
+from spmdnet import checkpoint, nn
+from spmdnet.checkpoint import files, integrity
 from tests.helpers.launch import run_mpi
 from tests.test_checkpoint import trained
 
@@ -28,7 +29,7 @@ Usage = namedtuple("Usage", "total used free")
 
 @pytest.fixture(autouse=True)
 def fresh_pins(monkeypatch):
-    monkeypatch.setattr(checkpoint, "_loaded_cleanly", {}, raising=False)
+    monkeypatch.setattr(checkpoint.directory, "loaded_cleanly", {})
 
 
 def names(directory):
@@ -64,7 +65,7 @@ def test_check_checkpoint_dir_that_cannot_be_created(tmp_path):
 def test_check_checkpoint_dir_read_only(tmp_path, monkeypatch):
     def read_only(path, data):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
-    monkeypatch.setattr(checkpoint_io, "write_bytes", read_only)
+    monkeypatch.setattr(files, "write_bytes", read_only)
     with pytest.raises(sn.CheckpointError, match="ck.*cannot write in it.*Read-only"):
         sn.check_checkpoint_dir(tmp_path / "ck")
 
@@ -105,8 +106,8 @@ def test_checksum_sees_values_positions_and_length():
     a = np.arange(1000, dtype=np.float32)
     swapped = a.copy()
     swapped[[3, 700]] = swapped[[700, 3]]
-    digests = {checkpoint_io.checksum(x) for x in (a, swapped, a[:-1], a.astype(np.float64))}
-    assert len(digests) == 4 and checkpoint_io.checksum(a.copy()) == checkpoint_io.checksum(a)
+    digests = {integrity.checksum(x) for x in (a, swapped, a[:-1], a.astype(np.float64))}
+    assert len(digests) == 4 and integrity.checksum(a.copy()) == integrity.checksum(a)
 
 
 def test_non_finite_parameters_are_not_saved_by_default(tmp_path):
@@ -181,7 +182,7 @@ def dead_pid():
 
 
 def test_stale_temporaries_are_removed_at_the_next_save(tmp_path):
-    host, old = socket.gethostname(), time.time() - checkpoint_io.STALE_TEMP_S - 60
+    host, old = socket.gethostname(), time.time() - files.STALE_TEMP_S - 60
     temps = {"dead": f".ckpt-00000001.h5.tmp-{host}-{dead_pid()}",
              "live": f".ckpt-00000001.h5.tmp-{host}-{os.getpid()}",
              "other_old": ".ckpt-00000001.h5.tmp-node17-4242",
@@ -199,9 +200,9 @@ def test_stale_temporaries_are_removed_at_the_next_save(tmp_path):
 
 
 def test_temporaries_name_their_writer(tmp_path):
-    name = checkpoint_io.temp_name(tmp_path / "ckpt-00000001.h5").name
-    assert checkpoint_io.writer_of(name) == (socket.gethostname(), os.getpid())
-    assert checkpoint_io.writer_of(".c.h5.tmp-123") == (None, 123)
+    name = files.temp_name(tmp_path / "ckpt-00000001.h5").name
+    assert files.writer_of(name) == (socket.gethostname(), os.getpid())
+    assert files.writer_of(".c.h5.tmp-123") == (None, 123)
 
 
 # -- disk full -----------------------------------------------------------------------
@@ -233,7 +234,7 @@ def test_disk_full_part_way_through_the_write(tmp_path, monkeypatch):
         if len(calls) > 1:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data[: len(data) // 2])
-    monkeypatch.setattr(checkpoint_io.os, "write", filling_write)
+    monkeypatch.setattr(files.os, "write", filling_write)
     with pytest.raises(sn.CheckpointError, match=r"ckpt-00000002.h5 failed on rank 0: .*needs \d+"):
         sn.save_checkpoint(str(tmp_path) + "/", model, opt, step=2)
     monkeypatch.undo()
@@ -245,7 +246,7 @@ def test_a_failure_after_the_write_is_a_checkpoint_error(tmp_path, monkeypatch):
 
     def full(directory, name):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(checkpoint, "_point_latest", full)
+    monkeypatch.setattr(checkpoint.directory, "point_latest", full)
     with pytest.raises(sn.CheckpointError, match="'latest' could not be updated.*No space"):
         sn.save_checkpoint(str(tmp_path) + "/", model, opt, step=2)
     assert_previous_intact(tmp_path)
@@ -254,13 +255,14 @@ def test_a_failure_after_the_write_is_a_checkpoint_error(tmp_path, monkeypatch):
 DISK_FULL = textwrap.dedent("""
     import errno, os, sys
     import spmdnet as sn
-    from spmdnet import checkpoint_io, dist, nn
+    from spmdnet import dist, nn
+    from spmdnet.checkpoint import files
     dist.init()
     model = nn.Linear(300, 300)
     sn.save_checkpoint(sys.argv[1], model, step=1)
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
-    checkpoint_io.os.write = full
+    files.os.write = full
     sn.save_checkpoint(sys.argv[1], model, step=2)
 """)
 

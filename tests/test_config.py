@@ -14,7 +14,7 @@ BAD = [("SPMDNET_WATCHDOG_S", "abc", "seconds >= 0"),
        ("SPMDNET_EXIT_TIMEOUT_S", "nan", "seconds >= 0"),
        ("SPMDNET_LOG_LEVEL", "foo", "debug, info, warning, error"),
        ("SPMDNET_DEVICE", "tpu", "auto, cpu, gpu"),
-       ("SPMDNET_KERNELS", "cuda", "numba, numba-cuda, xp"),
+       ("SPMDNET_KERNELS", "cuda", "numba, xp"),
        ("SPMDNET_ABORT_ON_ERROR", "maybe", "1, 0"),
        ("SPMDNET_CUDA_AWARE", "2", "1, 0, auto")]
 

@@ -19,6 +19,11 @@ from tests.helpers.launch import ROOT, load_example, run_mpi
 from tests.test_hdf5 import Solo
 
 
+def epochs(out):
+    """The epoch lines of train_mlp.py and train_3d.py without their samples/s."""
+    return [line.rsplit(")", 1)[0] for line in out.splitlines() if line.startswith("epoch")]
+
+
 def test_compute_pi_on_four_ranks():
     code, out, err, _ = run_mpi(4, ROOT / "examples/compute_pi.py", "--intervals", "100000")
     assert code == 0, err
@@ -61,11 +66,21 @@ def test_train_3d_without_tp_and_pp_trains_what_train_mlp_trains(tmp_path):
     code, out_mlp, err, _ = run_mpi(2, ROOT / "examples/train_mlp.py", *common, "--metrics",
                                     tmp_path / "m.jsonl", timeout=300)
     assert code == 0, err
-
-    def epochs(out):  # the epoch lines without their samples/s
-        return [line.rsplit(")", 1)[0] for line in out.splitlines() if line.startswith("epoch")]
-
     assert len(epochs(out_mlp)) == 2 and epochs(out_3d) == epochs(out_mlp)
+
+
+def test_train_3d_fsdp_without_tp_and_pp_trains_what_train_mlp_trains(tmp_path):
+    """--tp 1 --pp 1 --fsdp (issue 26: it crashed, untested): FSDP over every
+    rank trains train_mlp's model, so the same epoch lines."""
+    common = ["--epochs", "2", "--data-dir", tmp_path, "--min-accuracy", "0"]
+    code, out_fsdp, err, _ = run_mpi(2, ROOT / "examples/train_3d.py", "--tp", "1", "--pp",
+                                     "1", "--fsdp", *common, timeout=300)
+    assert code == 0, err
+    assert "(dp 2 x tp 1 x pp 1), FSDP" in out_fsdp
+    code, out_mlp, err, _ = run_mpi(2, ROOT / "examples/train_mlp.py", *common, "--metrics",
+                                    tmp_path / "m.jsonl", timeout=300)
+    assert code == 0, err
+    assert len(epochs(out_mlp)) == 2 and epochs(out_fsdp) == epochs(out_mlp)
 
 
 def test_train_3d_with_fsdp_trains_what_data_parallel_trains(tmp_path):
@@ -78,10 +93,6 @@ def test_train_3d_with_fsdp_trains_what_data_parallel_trains(tmp_path):
     assert "(dp 2 x tp 2 x pp 1), FSDP" in out_fsdp and "accuracy check passed" in out_fsdp
     code, out_ddp, err, _ = run_mpi(4, ROOT / "examples/train_3d.py", *common, timeout=300)
     assert code == 0, err
-
-    def epochs(out):  # the epoch lines without their samples/s
-        return [line.rsplit(")", 1)[0] for line in out.splitlines() if line.startswith("epoch")]
-
     assert len(epochs(out_fsdp)) == 6 and epochs(out_fsdp) == epochs(out_ddp)
 
 

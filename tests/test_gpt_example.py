@@ -1,7 +1,8 @@
-"""examples/train_gpt.py in each mode, short: data parallel, --tp 2, --pp 2
-and --fsdp train the same model (the same loss lines, up to rounding), and a
-run stopped and resumed from its checkpoint prints the uninterrupted run's
-loss lines; SIGTERM to one rank checkpoints and stops the job (exit code 3)."""
+"""examples/gpt/: the data-parallel, tensor-parallel, pipeline and FSDP
+trainers train the same model (the same loss lines, up to rounding); each,
+stopped and resumed from its checkpoint, prints its uninterrupted run's loss
+lines; SIGTERM to one rank checkpoints and stops the job (exit code 3)."""
+import functools
 import os
 import re
 import signal
@@ -10,18 +11,24 @@ import sys
 
 import pytest
 
+from spmdnet.data import datasets
 from tests.helpers.launch import ROOT, mpiexec, run_mpi
 from tests.test_resilience import _python_children
 
-SCRIPT = ROOT / "examples/train_gpt.py"
+GPT = ROOT / "examples/gpt"
+TRAINERS = {"dp": ["train_dp.py"], "tp": ["train_tp.py", "--tp", "2"],
+            "pp": ["train_pp.py", "--pp", "2"], "fsdp": ["train_fsdp.py"]}
+HEADERS = {"dp": "(dp 4 x tp 1 x pp 1)", "tp": "(dp 2 x tp 2 x pp 1)",
+           "pp": "(dp 2 x tp 1 x pp 2)", "fsdp": "(dp 4 x tp 1 x pp 1 FSDP)"}
 TINY = ["--steps", "20", "--eval-every", "10", "--n-embd", "32", "--block-size", "16",
         "--sample-tokens", "8", "--max-ratio", "2"]
 LINE = re.compile(r"step +(\d+) +train loss ([\d.]+) +val loss ([\d.]+) +lr ([\d.e+-]+)")
 
 
-def run(tmp, *args, n=4):
-    code, out, err, _ = run_mpi(n, SCRIPT, "--data-dir", tmp / "data", *TINY, *args,
-                                timeout=120)
+def run(tmp, mode, *args, n=4):
+    script, *options = TRAINERS[mode]
+    code, out, err, _ = run_mpi(n, GPT / script, *options, "--data-dir", tmp / "data", *TINY,
+                                *args, timeout=120)
     return code, out, err
 
 
@@ -30,51 +37,61 @@ def losses(out):
 
 
 @pytest.fixture(scope="module")
-def data_parallel(tmp_path_factory):
+def whole_run(tmp_path_factory):
+    """The uninterrupted run of a trainer (each run once)."""
     tmp = tmp_path_factory.mktemp("gpt")
-    code, out, err = run(tmp)
-    assert code == 0, err
-    assert "(dp 4 x tp 1 x pp 1)" in out and "loss check passed" in out and "sample:" in out
-    assert len(losses(out)) == 2
-    return tmp, out
+
+    @functools.cache
+    def whole(mode):
+        code, out, err = run(tmp, mode)
+        assert code == 0, err
+        assert HEADERS[mode] in out and "loss check passed" in out and "sample:" in out
+        assert "tokens/s" in out and len(losses(out)) == 2
+        return out
+    return tmp, whole
 
 
-@pytest.mark.parametrize("mode", [["--tp", "2"], ["--pp", "2"], ["--fsdp"]],
-                         ids=lambda m: m[0][2:])
-def test_each_mode_trains_what_data_parallel_trains(data_parallel, mode):
-    tmp, reference = data_parallel
-    code, out, err = run(tmp, *mode)
-    assert code == 0, err
-    assert "loss check passed" in out and "tokens/s" in out and "sample:" in out
-    got, want = losses(out), losses(reference)
-    assert len(got) == len(want) == 2
+@pytest.mark.parametrize("mode", ["tp", "pp", "fsdp"])
+def test_each_trainer_trains_what_data_parallel_trains(whole_run, mode):
+    _, whole = whole_run
+    got, want = losses(whole(mode)), losses(whole("dp"))
     for g, w in zip(got, want):
         assert g == pytest.approx(w, abs=2e-4), (mode, got, want)
 
 
-def test_tp_resume_prints_the_uninterrupted_loss_lines(data_parallel):
-    tmp, _ = data_parallel
-    code, whole, err = run(tmp, "--tp", "2")
-    assert code == 0, err
-    ckpt = ["--tp", "2", "--checkpoint-dir", str(tmp / "ckpt")]
-    code, first, err = run(tmp, *ckpt, "--stop-after", "15")  # between two reports
+@pytest.mark.parametrize("mode", ["dp", "tp", "pp", "fsdp"])
+def test_resume_prints_the_uninterrupted_loss_lines(whole_run, mode):
+    tmp, whole = whole_run
+    ckpt = ["--checkpoint-dir", str(tmp / f"ckpt-{mode}")]
+    code, first, err = run(tmp, mode, *ckpt, "--stop-after", "15")  # between two reports
     assert code == 3, err
     assert "stopped after step 15" in first and "step    20" not in first
-    code, second, err = run(tmp, *ckpt)
+    code, second, err = run(tmp, mode, *ckpt)
     assert code == 0, err
     assert "resumed from" in second and "step    10" not in second
-    assert LINE.findall(first) + LINE.findall(second) == LINE.findall(whole)
+    assert LINE.findall(first) + LINE.findall(second) == LINE.findall(whole(mode))
 
 
-def test_unsupported_combinations_fail_with_a_message(tmp_path):
-    code, out, err = run(tmp_path, "--fsdp", "--pp", "2", n=2)
-    assert code != 0 and "--fsdp runs with --tp 1 --pp 1" in out + err
+def test_resume_with_other_options_is_refused_naming_them(whole_run):
+    tmp, _ = whole_run
+    ckpt = ["--checkpoint-dir", str(tmp / "ckpt-options")]
+    code, _, err = run(tmp, "dp", *ckpt, "--stop-after", "5", n=2)
+    assert code == 3, err
+    code, out, err = run(tmp, "dp", *ckpt, "--lr", "0.01", n=2)
+    assert code != 0 and "'lr': (0.003, 0.01)" in err and not LINE.findall(out), err
 
 
-def test_train_gpt_short_run_on_a_given_text_file_passes_a_relaxed_check(tmp_path):
+def test_a_pipeline_that_cannot_be_cut_fails_with_a_message(tmp_path):
+    code, out, err = run(tmp_path, "pp", "--batch-size", "6", n=2)
+    assert code != 0 and "--batch-size 6 is not a multiple of --micro-batches 4" in out + err
+    code, out, err = run(tmp_path, "pp", "--pp", "3", n=3)
+    assert code != 0 and "--pp 3 exceeds --n-layer 2" in out + err
+
+
+def test_train_dp_short_run_on_a_given_text_file_passes_a_relaxed_check(tmp_path):
     text = tmp_path / "alice.txt"  # --data FILE: any text (here the corpus, lower case)
-    text.write_text((ROOT / "spmdnet/data/corpus.txt").read_text().lower())
-    code, out, err, _ = run_mpi(2, SCRIPT, "--data", text,
+    text.write_text(datasets.read_text(None).lower())
+    code, out, err, _ = run_mpi(2, GPT / "train_dp.py", "--data", text,
                                 "--data-dir", tmp_path, "--steps", "40", "--eval-every", "20",
                                 "--sample-tokens", "20", "--max-ratio", "0.95", timeout=180)
     assert code == 0, err
@@ -83,15 +100,16 @@ def test_train_gpt_short_run_on_a_given_text_file_passes_a_relaxed_check(tmp_pat
 
 
 def test_sigterm_to_one_rank_checkpoints_and_stops(tmp_path):
+    script = GPT / "train_dp.py"
     args = [*TINY, "--steps", "100000", "--eval-every", "5", "--data-dir", tmp_path / "data",
             "--checkpoint-dir", tmp_path / "ck"]  # the later --steps wins
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(SCRIPT), *map(str, args)]
+    cmd = [mpiexec(), "-n", "2", sys.executable, str(script), *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:  # after a report every rank's handler is in place
         next(line for line in proc.stdout if line.startswith("step"))
-        *_, one = _python_children(proc.pid, str(SCRIPT))
+        *_, one = _python_children(proc.pid, str(script))
         os.kill(one, signal.SIGTERM)  # one rank only
         out, err = proc.communicate(timeout=60)
     finally:

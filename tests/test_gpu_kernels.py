@@ -1,8 +1,8 @@
-"""Every op that has a kernel, on CuPy arrays on a real GPU: the numba.cuda
-kernels (``kernels.use("numba-cuda")``; the default "numba" mode leaves CuPy
-arrays to CuPy) against the plain-CuPy path (``kernels.use("xp")``) and against the
-NumPy run on the host. Skipped without CuPy and a CUDA device; the same
-kernels run under the CUDA simulator in test_kernels_numerics.py."""
+"""Every op that has a CPU kernel, on CuPy arrays on a real GPU: the lookup
+gives CuPy arrays no kernel (numba.cuda twins measured 2x slower than CuPy's
+own code on an H100 and were removed), so CuPy's code runs, and it must
+match the NumPy run on the host, which takes the kernels. Skipped without
+CuPy and a CUDA device."""
 import numpy as np
 import pytest
 
@@ -47,13 +47,12 @@ def test_op_on_gpu_matches_xp_and_host(name, dtype):
     fn, shapes = CASES[name]
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
-    with kernels.use("numba-cuda"):
+    assert kernels.lookup(name, backend.to_device(arrays[0], "gpu")) is None
+    assert kernels.lookup(name, arrays[0]) is not None  # the host run takes the kernel
+    with kernels.use("numba"):
         got = _run(fn, arrays, "gpu")
-    with kernels.use("xp"):
-        ref = _run(fn, arrays, "gpu")
-    host = _run(fn, arrays, "cpu")
-    for g, r, h in zip(got, ref, host, strict=True):
-        np.testing.assert_allclose(g, r, **_tol(dtype))
+        host = _run(fn, arrays, "cpu")
+    for g, h in zip(got, host, strict=True):
         np.testing.assert_allclose(g, h, **_tol(dtype))
 
 
@@ -71,12 +70,11 @@ def test_cross_entropy_and_embedding_on_gpu(dtype):
         return F.cross_entropy(lg, sn.Tensor(backend.to_device(labels, backend.device_of(
             lg.data)))) + (emb * emb).sum()
 
-    with kernels.use("numba-cuda"):
+    with kernels.use("numba"):
         got = _run(loss, [logits, table], "gpu")
-    with kernels.use("xp"):
-        ref = _run(loss, [logits, table], "gpu")
-    for g, r in zip(got, ref, strict=True):
-        np.testing.assert_allclose(g, r, **_tol(dtype))
+        host = _run(loss, [logits, table], "cpu")
+    for g, h in zip(got, host, strict=True):
+        np.testing.assert_allclose(g, h, **_tol(dtype))
 
 
 @pytest.mark.parametrize("make", [lambda p: optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
@@ -87,13 +85,13 @@ def test_optimizer_kernels_on_gpu_match_xp(make):
     start = rng.standard_normal((64, 33)).astype(np.float32)
     grads = [rng.standard_normal(start.shape).astype(np.float32) for _ in range(3)]
 
-    def train(mode):
-        p = sn.nn.Parameter(backend.to_device(start.copy(), "gpu"))
+    def train(device):
+        p = sn.nn.Parameter(backend.to_device(start.copy(), device))
         opt = make([p])
-        with kernels.use(mode):
+        with kernels.use("numba"):
             for g in grads:
-                p.grad = backend.to_device(g, "gpu")
+                p.grad = backend.to_device(g, device)
                 opt.step()
         return backend.asnumpy(p.data)
 
-    np.testing.assert_allclose(train("numba-cuda"), train("xp"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(train("gpu"), train("cpu"), rtol=1e-5, atol=1e-6)

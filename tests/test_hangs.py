@@ -104,7 +104,7 @@ CKPT_STALL = """
     dist.init()
     model = nn.Linear(3, 2)
     if dist.rank() == 0:  # a hung file system: rank 0 never finishes writing
-        checkpoint._save_on_root = lambda *args: time.sleep(60)
+        checkpoint.writing._save_on_root = lambda *args: time.sleep(60)
     sn.save_checkpoint(sys.argv[1], model, step=1)
 """
 

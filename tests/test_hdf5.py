@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from spmdnet.data import HDF5Dataset, datasets, hdf5
+from spmdnet.utils.data import HDF5Dataset, datasets, hdf5
 
 N = 500
 

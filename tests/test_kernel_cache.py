@@ -12,7 +12,7 @@ import pytest
 
 import spmdnet as sn
 from spmdnet import dist, kernels
-from spmdnet.distributed import compile_order
+from spmdnet.kernels import compile_order
 from spmdnet.kernels import _cache, _numba
 
 PLAIN_PYTHON = _numba.jit_disabled()

@@ -3,9 +3,13 @@
 The table alone decides which op takes a kernel; ``kernels.use`` switches
 for a block; the ``SPMDNET_KERNELS`` knob is read once; with kernels off no
 Numba code runs; an op decides at forward for its backward, so switching
-between the two gives the right gradient. Also the fused linear layer
-against the unfused ops.
+between the two gives the right gradient; every compiled kernel is reached
+from a table row (no dead kernels); CuPy arrays take no kernel. Also the
+fused linear layer against the unfused ops.
 """
+import importlib
+import pkgutil
+
 import numpy as np
 import pytest
 
@@ -13,10 +17,10 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import kernels, nn, optim
 from spmdnet.autograd import gradcheck
-from spmdnet.kernels import _cpu, _numba, activation, dispatch, loss, norm
+from spmdnet.kernels import _cpu, _numba, dispatch, loss, norm
 from spmdnet.ops.nn_ops import LayerNorm
 
-ACTS = list(activation.ACTIVATIONS)
+ACTS = list(F.ACTIVATIONS)
 PLAIN_PYTHON = _numba.jit_disabled()
 
 
@@ -96,6 +100,18 @@ def test_table_decides_which_ops_take_kernels():
         kernels.lookup("no_such_op", x32)
 
 
+def test_cupy_arrays_take_no_kernel():
+    """The numba.cuda twins were removed (2x slower than CuPy's own code on an
+    H100): a CuPy array, alone or beside NumPy ones, gets no kernel."""
+    cp = pytest.importorskip("cupy")
+    try:
+        x = cp.ones((4, 3), cp.float32)
+    except Exception as exc:  # CuPy installed without a usable device
+        pytest.skip(f"no CUDA device: {exc!r}")
+    assert kernels.lookup("gelu", x) is None
+    assert kernels.lookup("layer_norm", np.ones((4, 3), np.float32), x) is None
+
+
 def test_a_table_row_is_what_the_op_runs(monkeypatch):
     calls = []
 
@@ -133,7 +149,7 @@ def test_knob_is_read_once(monkeypatch):
     monkeypatch.setenv("SPMDNET_KERNELS", "numba")
     assert kernels.mode() == "xp"  # read once: the first lookup decided
     monkeypatch.setattr(dispatch, "_mode", [])
-    monkeypatch.setenv("SPMDNET_KERNELS", "cuda")
+    monkeypatch.setenv("SPMDNET_KERNELS", "numba-cuda")  # the removed CUDA mode
     with pytest.raises(ValueError, match="SPMDNET_KERNELS"):
         F.gelu(sn.tensor(np.ones(3, np.float32)))
 
@@ -215,3 +231,96 @@ def test_ops_hold_the_kernels_forward_chose(float64):
     assert logits._ctx.backward_kernel is loss.backward
     with kernels.use("xp"):
         assert LayerNorm.apply(x)._ctx.backward_kernel is None
+
+
+# -- no dead kernels ---------------------------------------------------------------------------
+# A compiled kernel that an op calls without a TABLE row would be listed here,
+# "module.attribute": "the op that calls it" (none does).
+DIRECT_USE = {}
+
+
+def _compiled_kernels():
+    """Every CpuKernel a kernels module defines (alone or in a dict): id -> name."""
+    found = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"spmdnet.kernels.{info.name}")
+        for attr, value in vars(module).items():
+            entries = value.items() if isinstance(value, dict) else [(None, value)]
+            for key, kernel in entries:
+                if isinstance(kernel, _cpu.CpuKernel):
+                    found[id(kernel)] = f"{info.name}.{attr}" + ("" if key is None else
+                                                                 f"[{key!r}]")
+    return found
+
+
+def _every_row(dtype):
+    """Forward and backward of ops that, together, ask for every TABLE row."""
+    rng = np.random.default_rng(5)
+
+    def t(*shape):
+        return sn.tensor(rng.standard_normal(shape).astype(dtype), requires_grad=True)
+
+    x, w, b, emb = t(6, 5), t(4, 5), t(4), t(3, 4)
+    h = F.linear(x, w, b, activation="relu") + F.linear(x, w, b, activation="sigmoid")
+    h = h + F.linear(x, w, b, activation="gelu") + F.linear(x, w, b, activation="gelu_tanh")
+    h = F.gelu(h) + F.gelu(h, approximate="tanh") + F.softmax(h, dim=-1)
+    h = F.layer_norm(h, (4,), b, b) + F.embedding(np.array([0, 2, 1, 0, 2, 1]), emb)
+    q = t(2, 3, 4)
+    attention = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    image = t(2, 1, 6, 6)
+    pooled = F.max_pool2d(F.conv2d(image, t(2, 1, 3, 3), padding=1), 2)
+    total = F.cross_entropy(h, np.array([0, 1, 2, 3, 0, 1])) + attention.sum() + pooled.sum()
+    total.backward()
+    params = [x, w, b, emb]
+    for opt in (optim.SGD(params, lr=0.1, momentum=0.9), optim.Adam(params)):
+        opt.step()
+
+
+def _reached(monkeypatch):
+    """The TABLE (op, step) pairs that lookup handed out during ``_every_row``
+    and the ids of the CpuKernels that ran inside those kernels' calls."""
+    handed_out, ran, depth = set(), set(), [0]
+    run = _cpu.CpuKernel.__call__
+
+    def recording_run(self, *args):
+        if depth[0]:
+            ran.add(id(self))
+        return run(self, *args)
+
+    def recording_lookup(op, *arrays, step="forward"):
+        kernel = dispatch.lookup(op, *arrays, step=step)
+        if kernel is None:
+            return None
+        handed_out.add((op, step))
+
+        def row_kernel(*args, **kwargs):
+            depth[0] += 1
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return row_kernel
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_cpu.CpuKernel, "__call__", recording_run)
+        patch.setattr(kernels, "lookup", recording_lookup)
+        with kernels.use("numba"), np.errstate(all="ignore"):
+            for dtype in (np.float32, np.float64):
+                _every_row(dtype)
+    return handed_out, ran
+
+
+def test_every_compiled_kernel_is_reached_from_a_table_row(monkeypatch):
+    compiled = _compiled_kernels()
+    assert len(compiled) >= 15  # the discovery finds the kernels at all
+    handed_out, ran = _reached(monkeypatch)
+    rows = {(op, step) for op, rule in dispatch.TABLE.items() for step in rule.kernels}
+    assert rows <= handed_out, f"rows the workload missed: {sorted(rows - handed_out)}"
+    dead = sorted(name for key, name in compiled.items()
+                  if key not in ran and name not in DIRECT_USE)
+    assert not dead, f"compiled kernels no TABLE row reaches (delete them): {dead}"
+    # the check can fail: without its row, max pooling's kernel is dead
+    monkeypatch.setitem(dispatch.TABLE, "max_pool2d", dispatch.Rule({}))
+    ran = _reached(monkeypatch)[1]
+    assert sorted(name for key, name in compiled.items() if key not in ran) == \
+        ["pool._max_pool_kernel"]

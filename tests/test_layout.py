@@ -6,7 +6,10 @@
 - ``spmdnet.dist`` is only an alias of ``spmdnet.distributed``;
 - ``import spmdnet`` starts no MPI, and math (autograd, ops, nn, optim) and
   the layers above the runtime import mpi4py only through ``dist.mpi()``;
-- no package file is longer than 400 lines.
+- no package file is longer than 400 lines;
+- (issue 22) every module has a layer, no import goes up a layer (imports
+  inside functions count; EXEMPTIONS names each PyTorch path that sits below
+  its implementation), and no modules import each other in a circle.
 """
 import ast
 import importlib
@@ -88,3 +91,198 @@ def test_no_package_file_exceeds_the_line_budget():
     long = [f"{p.relative_to(PACKAGE_DIR.parent)}: {n} lines" for p in _package_files()
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
+
+
+# -- the layer order (docs/ARCHITECTURE.md, issue 22) --------------------------
+# A module imports only from its own layer or below. Modules are placed by the
+# longest matching dotted prefix, so files moving inside a layer need no edit
+# here; a module no prefix places fails test_every_module_has_a_layer.
+# Layers with the same height but different names (strategies and data) do not
+# import each other. The package facade (spmdnet/__init__.py) imports the
+# layers below it and nothing imports it, except the tools: programs run with
+# `python -m` that use the public API as examples/ and benchmarks/ do.
+LAYERS = {
+    "leaves": 0, "tensor": 1, "autograd": 2, "kernels": 3, "ops": 4, "nn": 5, "optim": 6,
+    "distributed": 7, "strategies": 8, "data": 8, "state": 9, "package": 10, "tools": 11,
+}
+PLACES = {
+    "spmdnet": "package",  # the public facade imports everything; nothing imports it
+    **dict.fromkeys(["spmdnet.config", "spmdnet.errors", "spmdnet.backend", "spmdnet.launch",
+                     "spmdnet.host_memory", "spmdnet.version", "spmdnet.dtypes",
+                     "spmdnet._args"], "leaves"),
+    "spmdnet._tensor": "tensor",
+    "spmdnet.autograd": "autograd",
+    "spmdnet.kernels": "kernels",
+    **dict.fromkeys(["spmdnet.ops", "spmdnet.functional", "spmdnet.random",
+                     "spmdnet.creation"], "ops"),
+    "spmdnet.nn": "nn",
+    "spmdnet.optim": "optim",
+    "spmdnet.distributed": "distributed",
+    "spmdnet.parallel": "strategies",
+    **dict.fromkeys(["spmdnet.utils", "spmdnet.utils.data", "spmdnet.data"], "data"),
+    **dict.fromkeys(["spmdnet.checkpoint", "spmdnet.profiler"], "state"),
+    **dict.fromkeys(["spmdnet.cli", "spmdnet.bench"], "tools"),
+}
+# (importer prefix, imported prefix, why): PyTorch paths that sit lower in
+# PyTorch's tree than their implementation, reached lazily or by thin modules.
+EXEMPTIONS = [
+    ("spmdnet._tensor", "spmdnet.autograd.engine",
+     "Tensor.backward() runs the engine, imported inside the method (the engine imports "
+     "Tensor), as torch.Tensor.backward calls torch.autograd.backward"),
+    ("spmdnet.nn", "spmdnet.parallel.sync_batchnorm",
+     "nn.SyncBatchNorm, PyTorch's path, is a lazy module attribute of spmdnet.nn"),
+    ("spmdnet.nn.parallel", "spmdnet.parallel.data_parallel",
+     "nn.parallel.DistributedDataParallel, PyTorch's path: a thin module (issue 24)"),
+    ("spmdnet.distributed.fsdp", "spmdnet.parallel.fsdp",
+     "torch.distributed.fsdp's path: a thin module (issue 24)"),
+    ("spmdnet.distributed.optim", "spmdnet.parallel.zero",
+     "torch.distributed.optim.ZeroRedundancyOptimizer's path: a thin module (issue 24)"),
+]
+
+
+def _module_name(path):
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name):
+    base = PACKAGE_DIR.parent.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or base.is_dir()
+
+
+def _imported_modules(node, package):
+    """The spmdnet modules an import statement loads: relative imports resolved
+    against ``package``; ``from p import n`` is module p.n when that is a
+    module, else p."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            parts = package.split(".")
+            parts = parts[:len(parts) - node.level + 1] + ([node.module] if node.module else [])
+            base = ".".join(parts)
+        else:
+            base = node.module or ""
+        names = [f"{base}.{a.name}" if _is_module(f"{base}.{a.name}") else base
+                 for a in node.names]
+    return [n for n in names if n.split(".")[0] == "spmdnet"]
+
+
+def _import_graph():
+    """(importer, imported, "file:line", lazy) for every import of a spmdnet
+    module in the package, at module level or inside a function."""
+    edges = []
+    for path in _package_files():
+        me = _module_name(path)
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        in_functions = {id(n) for f in ast.walk(tree)
+                        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        for n in ast.walk(f)}
+        where = path.relative_to(PACKAGE_DIR.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges += [(me, target, f"{where}:{node.lineno}", id(node) in in_functions)
+                          for target in _imported_modules(node, package)]
+    return edges
+
+
+def _within(name, prefix):
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _place(name):
+    if name == "spmdnet":
+        return PLACES[name]
+    matches = [p for p in PLACES if p != "spmdnet" and _within(name, p)]
+    return PLACES[max(matches, key=len)] if matches else None
+
+
+def _exempt(importer, imported):
+    return any(_within(importer, a) and _within(imported, b) for a, b, _ in EXEMPTIONS)
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted({_module_name(p) for p in _package_files()
+                       if _place(_module_name(p)) is None})
+    assert not unplaced, f"add these modules to PLACES in tests/test_layout.py: {unplaced}"
+
+
+def test_every_exemption_says_why_and_is_used():
+    assert all(len(why) > 20 for _, _, why in EXEMPTIONS)
+    modules = {_module_name(p) for p in _package_files()}
+    edges = [(a, b) for a, b, _, _ in _import_graph()]
+    stale = [(a, b) for a, b, _ in EXEMPTIONS
+             if any(_within(m, a) for m in modules)  # issue 24's thin modules come later
+             and not any(_within(x, a) and _within(y, b) for x, y in edges)]
+    assert not stale, f"remove these exemptions from EXEMPTIONS, nothing needs them: {stale}"
+
+
+def test_no_import_goes_up_a_layer():
+    upward = []
+    for importer, imported, where, lazy in sorted(set(_import_graph())):
+        low, high = _place(imported), _place(importer)
+        if low is None or high is None or _exempt(importer, imported):
+            continue  # unplaced modules fail test_every_module_has_a_layer
+        if LAYERS[low] > LAYERS[high] or (LAYERS[low] == LAYERS[high] and low != high):
+            upward.append(f"{where}: {importer} ({high}) imports {imported} ({low})"
+                          + (" inside a function" if lazy else ""))
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def _cycles(edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    """No import cycle anywhere in the package, counting imports inside
+    functions too (issue 22 found creation.py <-> ops/ and nn.utils <->
+    optim.clip): creation.py and ops/ share argument parsers through _args.py.
+    Importing a package's module runs the package's __init__.py first, so
+    that is an arrow too; a module reaching its own package is not."""
+    edges = []
+    for importer, imported, _, _ in _import_graph():
+        if _exempt(importer, imported):
+            continue
+        parts = imported.split(".")
+        edges += [(importer, ".".join(parts[:n])) for n in range(2, len(parts) + 1)
+                  if not _within(importer, ".".join(parts[:n]))]
+    assert not _cycles(edges), f"import cycles: {_cycles(edges)}"
+
+
+def test_creation_and_ops_do_not_import_each_other():
+    edges = {(a, b) for a, b, _, _ in _import_graph()}
+    ops_modules = {b for _, b in edges if _within(b, "spmdnet.ops")}
+    to_ops = [b for a, b in edges if a == "spmdnet.creation" and b in ops_modules]
+    assert not to_ops, f"creation.py imports {to_ops}: take the parser from spmdnet._args"

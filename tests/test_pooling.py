@@ -1,7 +1,7 @@
 """Pooling against float64 finite differences and plain nested-loop
 references (PyTorch's windows, ceil_mode, count_include_pad, ties), the
-modules, and the max-pool kernel against the xp code (CPU, and the CUDA
-simulator in a subprocess)."""
+modules, and the max-pool kernel against the xp code (compiled, and as
+plain Python in a subprocess)."""
 import math
 
 import numpy as np
@@ -13,8 +13,7 @@ from spmdnet import nn
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import pool as pool_kernels
 from spmdnet.ops.pooling import pool_out_size
-from tests.helpers.simulator import PLAIN_PYTHON, SIMULATOR, run_simulator_subprocess
-from tests.test_kernels_numerics import target  # noqa: F401 - the cpu/cudasim fixture
+from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
 
 
 def pool_loops(x, k, s, p, d, ceil_mode, kind, count_include_pad=True):
@@ -159,7 +158,6 @@ def test_pooling_modules_and_errors():
 # -- the kernel against the xp code -------------------------------------------------------
 @pytest.mark.parametrize("k,s,p,d,ceil_mode,shape", CASES[1:4])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.usefixtures("target")
 def test_max_pool_kernel_matches_xp(k, s, p, d, ceil_mode, shape, dtype):
     x = np.random.default_rng(3).standard_normal(shape).astype(dtype)
     x[0, 0, 1, :] = x[0, 0, 0, 0]  # ties
@@ -173,6 +171,6 @@ def test_max_pool_kernel_matches_xp(k, s, p, d, ceil_mode, shape, dtype):
     np.testing.assert_array_equal(idx, want_idx.numpy())
 
 
-@pytest.mark.skipif(SIMULATOR or PLAIN_PYTHON, reason="this is that subprocess")
-def test_kernels_as_plain_python_and_on_the_cuda_simulator():
-    run_simulator_subprocess(__file__, "kernel_matches")
+@pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")
+def test_kernel_as_plain_python():
+    run_plain_python_subprocess(__file__, "kernel_matches")

@@ -140,12 +140,13 @@ def test_sigkill_of_one_rank_ends_the_job(tmp_path):
 CKPT_CRASH = textwrap.dedent("""
     import os, sys
     import spmdnet as sn
-    from spmdnet import checkpoint, dist, nn
+    from spmdnet import dist, nn
+    from spmdnet.checkpoint import files
     dist.init()
     model = nn.Linear(3, 2)
     sn.save_checkpoint(sys.argv[1], model, step=1)
     if dist.rank() == 0:  # rank 0 dies halfway through writing the next one
-        checkpoint._fsync = lambda path: os._exit(9)
+        files.fsync = lambda path: os._exit(9)
     sn.save_checkpoint(sys.argv[1], model, step=2)
 """)
 

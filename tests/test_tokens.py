@@ -10,7 +10,7 @@ import pytest
 
 from spmdnet.data import (CharTokenizer, DataLoader, DistributedSampler, TokenDataset,
                           datasets, unigram_entropy)
-from spmdnet.data.tokens import CORPUS
+from spmdnet.utils.data.tokens import CORPUS
 from tests.test_hdf5 import Solo
 
 TEXT = "Down, down, down. Would the fall never come to an end?\n\"Oh dear!\" (\u00e9)"

@@ -13,7 +13,7 @@ the world without initialising MPI.
 from ..errors import DistributedError
 from ._mpi import mpi
 from .checks import check_same
-from .compile_order import compile_in_order
+from ..kernels.compile_order import compile_in_order
 from .collectives import allgather, allreduce, broadcast, on_host, reduce_scatter
 from .guard import guarded
 from .mesh import Mesh

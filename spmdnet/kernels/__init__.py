@@ -1,4 +1,4 @@
-"""Compiled hot paths (Numba), each tested against the plain-xp code it replaces.
+"""Compiled hot paths (Numba, CPU), each tested against the plain-xp code it replaces.
 
 =============  ======================================  ===================================
 module         kernels                                 used by (the xp reference)
@@ -6,38 +6,42 @@ module         kernels                                 used by (the xp reference
 activation     bias + activation, forward/backward     ops.linalg.LinearAct, ops.unary
 loss           softmax cross-entropy, fwd/bwd          ops.losses.CrossEntropy
 norm           layer norm, forward/backward            ops.nn_ops.LayerNorm
+softmax        softmax fwd/bwd, log-sum-exp            ops.nn_ops.Softmax, ops.attention
 embedding      embedding backward (row scatter-add)    ops.nn_ops.Embedding
+attention      dropout factors (Philox per element)    ops.attention's dropout
 optim_kernels  SGD and Adam/AdamW updates              optim.SGD, optim.Adam
-special        float32 exp, erf, tanh for kernels;     the kernels above; ``erf_array``:
+special        float32 exp, erf for kernels;           the kernels above; ``erf_array``:
                erf on arrays in plain xp               ops.unary's exact GELU
-reduce         8-lane row sums/max; CUDA block sums    the kernels above
-conv           im2col and col2im                       ops.conv.Conv2d
+reduce         8-lane row sums/max                     the kernels above
+conv           col2im                                  ops.conv.Conv2d
 pool           max pooling with argmax                 ops.pooling.MaxPool2d
 =============  ======================================  ===================================
 
 The one seam between ops and kernels is ``lookup(op, *arrays, step=...)``:
 a kernel to call, or None (then the op runs its xp code). All policy is
-``dispatch.TABLE``; the switch is ``SPMDNET_KERNELS`` (``numba``, the
-default, or ``xp``), read once, and ``with kernels.use("xp"): ...`` for a
-block.
+``dispatch.TABLE``, and every compiled kernel is reachable from one of its
+rows (tests/test_kernels_dispatch.py checks). The switch is
+``SPMDNET_KERNELS`` (``numba``, the default, or ``xp``), read once, and
+``with kernels.use("xp"): ...`` for a block. CuPy arrays always take CuPy's
+own code: numba.cuda twins of these kernels measured 2x slower than it on
+an H100 (launch overhead) and were removed.
 
 Behind it, one module per job: ``_numba`` (the only ``import numba``),
 ``_cpu`` (a plain Python body compiled at its first call, single-threaded),
-``_cuda`` (numba.cuda imported at first need, one cached builder of every
-module's CUDA kernels, launches on CuPy's stream), ``_float32`` (float32
-fast paths of transcendental functions), ``_cache`` (the disk cache, on by
-default), ``_target`` (which arrays a kernel takes). ``warmup()`` compiles
-every kernel up front, in rank order with ``comm`` (``compile_in_order``,
-in ``spmdnet.distributed.compile_order``), and reports how long it took.
+``_float32`` (float32 fast paths of transcendental functions), ``_cache``
+(the disk cache, on by default), ``_target`` (which arrays a kernel takes),
+``compile_order`` (ranks taking turns to fill a shared cache; pure and
+duck-typed in ``comm``, re-exported as ``spmdnet.distributed.compile_in_order``).
+``warmup()`` compiles every kernel up front, in rank order with ``comm``
+(``compile_in_order``), and reports how long it took.
 """
 import time
 
 import numpy as np
 
 from .._tensor import get_default_dtype
-from ..distributed import compile_order
-from . import _cache, activation, attention, conv, embedding, loss, norm, optim_kernels
-from . import pool, softmax
+from . import _cache, activation, attention, compile_order, conv, embedding, loss, norm
+from . import optim_kernels, pool, softmax
 from ._cache import cache_dir
 from ._numba import compile_seconds
 from .dispatch import TABLE, enabled, lookup, mode, use
@@ -52,7 +56,7 @@ _MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels
 def compile_in_order(compile_fn, comm=None):
     """``compile_fn()`` on every rank of ``comm``, in turns (rank 0, one rank
     per other host, the rest) while the kernel disk cache is on; see
-    ``spmdnet.distributed.compile_order.compile_in_order``."""
+    ``spmdnet.kernels.compile_order.compile_in_order``."""
     cache = cache_dir() if _cache.use() else None
     return compile_order.compile_in_order(compile_fn, comm, cache=cache)
 

@@ -1,8 +1,7 @@
 """The only module that imports Numba (and its llvmlite).
 
 When Numba is missing, ``kernels.lookup`` finds no kernel, the ops take
-their plain-xp code and one warning says so. ``numba.cuda`` is not imported
-here: ``_cuda.py`` imports it at first need (it costs about 0.8 s).
+their plain-xp code and one warning says so.
 """
 import warnings
 
@@ -37,11 +36,6 @@ def jit_disabled():
     return numba is None or bool(numba.config.DISABLE_JIT)
 
 
-def simulating_cuda():
-    """True under ``NUMBA_ENABLE_CUDASIM=1`` (set before Numba is imported)."""
-    return numba is not None and bool(numba.config.ENABLE_CUDASIM)
-
-
 prange = numba.prange if numba is not None else range
 
 # Compilation options of every CPU kernel. error_model="numpy": a float
@@ -63,7 +57,7 @@ def njit(fn, cache=False):
 
 
 def njit_inline(fn):
-    """A scalar helper for kernels, inlined into its callers (CPU and CUDA)."""
+    """A scalar helper for kernels, inlined into its callers."""
     if numba is None:
         return fn
     return numba.njit(inline="always", **OPTIONS)(fn)

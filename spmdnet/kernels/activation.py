@@ -2,14 +2,16 @@
 
 The fused linear layer (``ops.linalg.LinearAct``) runs ``activation(x @ W.T
 + b)`` as one product and one pass of ``forward`` over its fresh output (in
-place for relu, tanh, sigmoid); one pass of ``backward`` gives the gradient
-before the activation and the bias gradient (column sums in row order: the
-bits of NumPy's ``sum(axis=0)``). The activation ops use them without bias.
+place for relu); one pass of ``backward`` gives the gradient before the
+activation and the bias gradient (column sums in row order: the bits of
+NumPy's ``sum(axis=0)``). The gelu ops use them without bias.
 
 What is saved works with the xp reference (``ops.unary.act_forward`` and
-``act_backward``) too: the output for tanh and sigmoid; for relu the output
-(xp) or the mask output > 0 (a quarter of the bytes); (input, Φ(input)) for
-gelu, (input, tanh(...)) for gelu_tanh. Which ops use them: dispatch.py.
+``act_backward``) too: the output for sigmoid; for relu the output (xp) or
+the mask output > 0 (a quarter of the bytes); (input, Φ(input)) for gelu,
+(input, tanh(...)) for gelu_tanh. Which ops use them: dispatch.py. tanh
+and sigmoid forward, tanh backward and an out-of-place relu forward had
+kernels that no table row took (NumPy's own loops were as fast): removed.
 """
 import functools
 import math
@@ -19,14 +21,15 @@ import numpy as np
 from ..backend import xp_of
 from . import reduce, special
 from ._cpu import CpuKernel
-from ._cuda import Builder, launch
 from ._numba import njit_inline, prange
 from ._target import check_target
 
-ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "tanh": 3, "sigmoid": 4}
-# The xp formulas, but gelu_tanh and sigmoid use 1 / (1 + exp(-x)) for 0.5 (1 +
-# tanh(x / 2)): the same function, more accurate with special.py's float32 tanh.
-RELU, GELU, GELU_TANH, TANH, SIGMOID = range(5)
+# The steps that have kernels, each reached from a row of dispatch.TABLE: the
+# fused linear layer's forward in place over the product (relu, gelu,
+# gelu_tanh), the gelu ops' forward, and backward (sigmoid's: the fused layer's).
+FORWARD_INPLACE = ("relu", "gelu", "gelu_tanh")
+FORWARD = ("gelu", "gelu_tanh")
+BACKWARD = ("relu", "gelu", "gelu_tanh", "sigmoid")
 SAVES_INPUT = {"gelu", "gelu_tanh"}  # saved: (input, aux); the others: the output
 
 _CONSTANTS = (0.0, 1.0, 0.5, 1.0 / math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi),
@@ -79,51 +82,8 @@ def _gelu_tanh_grad(g, x, t, c):
 
 
 @njit_inline
-def _tanh(v, c):
-    return special.tanh(v), c[0]
-
-
-@njit_inline
-def _tanh_grad(g, y, aux, c):
-    return g * (c[1] - y * y)
-
-
-@njit_inline
-def _sigmoid(v, c):
-    return c[1] / (c[1] + special.exp(-v)), c[0]  # e**-v = inf gives 0, as it should
-
-
-@njit_inline
 def _sigmoid_grad(g, y, aux, c):
     return g * y * (c[1] - y)
-
-
-@njit_inline
-def _value(v, kind, c):
-    """(activation, aux) of kind ``kind``, chosen per element (CUDA kernels)."""
-    if kind == RELU:
-        y, positive = _relu(v, c)
-        return y, (c[1] if positive else c[0])  # one tuple type for every kind
-    if kind == GELU:
-        return _gelu(v, c)
-    if kind == GELU_TANH:
-        return _gelu_tanh(v, c)
-    if kind == TANH:
-        return _tanh(v, c)
-    return _sigmoid(v, c)
-
-
-@njit_inline
-def _grad(g, s, aux, kind, c):
-    if kind == RELU:
-        return _relu_grad(g, s, aux, c)
-    if kind == GELU:
-        return _gelu_grad(g, s, aux, c)
-    if kind == GELU_TANH:
-        return _gelu_tanh_grad(g, s, aux, c)
-    if kind == TANH:
-        return _tanh_grad(g, s, aux, c)
-    return _sigmoid_grad(g, s, aux, c)
 
 
 # -- loops over rows, generic in the scalar function ----------------------------------
@@ -142,7 +102,7 @@ def _map_inplace(h, bias, aux, fn, c):
 @njit_inline
 def _map(x, bias, out, aux, store_pre, fn, c):
     """out, aux = fn(x + bias); with store_pre also x = x + bias (aux may be empty);
-    call with a constant store_pre (a variable one stopped LLVM vectorising sigmoid)."""
+    call with a constant store_pre (a variable one stopped LLVM vectorising)."""
     with_bias, with_aux = bias.shape[0] > 0, aux.shape[1] > 0
     for i in prange(x.shape[0]):
         for j in range(x.shape[1]):
@@ -181,18 +141,6 @@ def _relu_forward_inplace(h, bias, aux, c):
     _map_inplace(h, bias, aux, _relu, c)
 
 
-def _tanh_forward_inplace(h, bias, aux, c):
-    _map_inplace(h, bias, aux, _tanh, c)
-
-
-def _sigmoid_forward_inplace(h, bias, aux, c):
-    _map_inplace(h, bias, aux, _sigmoid, c)
-
-
-def _relu_forward(x, bias, out, aux, c):
-    _map(x, bias, out, aux, False, _relu, c)
-
-
 def _gelu_forward(x, bias, out, aux, store_pre, c):
     if store_pre:  # constant flags in each loop: LLVM vectorises both reliably
         _map(x, bias, out, aux, True, _gelu, c)
@@ -207,14 +155,6 @@ def _gelu_tanh_forward(x, bias, out, aux, store_pre, c):
         _map(x, bias, out, aux, False, _gelu_tanh, c)
 
 
-def _tanh_forward(x, bias, out, aux, c):
-    _map(x, bias, out, aux, False, _tanh, c)
-
-
-def _sigmoid_forward(x, bias, out, aux, c):
-    _map(x, bias, out, aux, False, _sigmoid, c)
-
-
 def _relu_backward(g, saved, aux, gx, gb, c):
     _grad_rows(g, saved, aux, gx, gb, False, _relu_grad, c)
 
@@ -227,66 +167,23 @@ def _gelu_tanh_backward(g, saved, aux, gx, gb, c):
     _grad_rows(g, saved, aux, gx, gb, True, _gelu_tanh_grad, c)
 
 
-def _tanh_backward(g, saved, aux, gx, gb, c):
-    _grad_rows(g, saved, aux, gx, gb, False, _tanh_grad, c)
-
-
 def _sigmoid_backward(g, saved, aux, gx, gb, c):
     _grad_rows(g, saved, aux, gx, gb, False, _sigmoid_grad, c)
 
 
-# (in place, forward, backward) bodies; gelu's input is saved: no in-place forward
-_BODIES = {
-    "relu": (_relu_forward_inplace, _relu_forward, _relu_backward),
-    "gelu": (None, _gelu_forward, _gelu_backward),
-    "gelu_tanh": (None, _gelu_tanh_forward, _gelu_tanh_backward),
-    "tanh": (_tanh_forward_inplace, _tanh_forward, _tanh_backward),
-    "sigmoid": (_sigmoid_forward_inplace, _sigmoid_forward, _sigmoid_backward),
-}
-_cpu = {(name, step): CpuKernel(body) for name, bodies in _BODIES.items()
-        for step, body in zip(("forward_inplace", "forward", "backward"), bodies) if body}
-
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
+_cpu = {("relu", "forward_inplace"): CpuKernel(_relu_forward_inplace),
+        ("gelu", "forward"): CpuKernel(_gelu_forward),
+        ("gelu_tanh", "forward"): CpuKernel(_gelu_tanh_forward),
+        ("relu", "backward"): CpuKernel(_relu_backward),
+        ("gelu", "backward"): CpuKernel(_gelu_backward),
+        ("gelu_tanh", "backward"): CpuKernel(_gelu_tanh_backward),
+        ("sigmoid", "backward"): CpuKernel(_sigmoid_backward)}
 
 
-@Builder
-def _cuda_kernels():
-    """One kernel per step for every activation (``kind`` picks it per element)."""
-    def forward(x, bias, out, aux, store_pre, kind, c):
-        k = cuda.grid(1)
-        if k < x.size:
-            i, j = k // x.shape[1], k % x.shape[1]
-            v = x[i, j] + bias[j] if bias.shape[0] > 0 else x[i, j]
-            if store_pre:
-                x[i, j] = v
-            y, a = _value(v, kind, c)
-            out[i, j] = y
-            if aux.shape[1] > 0:
-                aux[i, j] = a
-
-    def backward(g, saved, aux, gx, kind, c):
-        k = cuda.grid(1)
-        if k < g.size:
-            i, j = k // g.shape[1], k % g.shape[1]
-            gx[i, j] = _grad(g[i, j], saved[i, j], aux[i, j] if aux.shape[1] > 0 else c[0],
-                             kind, c)
-
-    def column_sums(a, out):  # one thread per column, rows in order: deterministic
-        j = cuda.grid(1)
-        if j < a.shape[1]:
-            acc = a[0, j]
-            for i in range(1, a.shape[0]):
-                acc += a[i, j]
-            out[j] = acc
-
-    return {"forward": forward, "backward": backward, "column_sums": column_sums}
-
-
-def _code(activation):
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
-                         f"got {activation!r}")
-    return ACTIVATIONS[activation]
+def _check_step(activation, names, step):
+    if activation not in names:
+        raise ValueError(f"activation must be one of {list(names)} for the {step} "
+                         f"kernels, got {activation!r}")
 
 
 def forward(x, bias=None, activation="relu", inplace=False):
@@ -294,10 +191,12 @@ def forward(x, bias=None, activation="relu", inplace=False):
     what ``backward`` (or ``ops.unary.act_backward``) needs.
 
     ``inplace=True`` says x is a fresh C-contiguous buffer the caller owns
-    (a product's output): out is x itself for relu/tanh/sigmoid, and for
-    gelu x receives x + bias. Otherwise x is left untouched."""
-    kind = _code(activation)
-    where = check_target("activation", x, bias)
+    (a product's output): out is x itself for relu, and for gelu x receives
+    x + bias (``FORWARD_INPLACE``). Otherwise x is left untouched
+    (``FORWARD``: the gelu ops)."""
+    _check_step(activation, FORWARD_INPLACE if inplace else FORWARD,
+                "in-place forward" if inplace else "forward")
+    check_target("activation", x, bias)
     if bias is not None and bias.shape != x.shape[-1:]:
         raise ValueError(f"bias of shape {bias.shape} does not match the last axis of "
                          f"the input {x.shape}")
@@ -307,54 +206,36 @@ def forward(x, bias=None, activation="relu", inplace=False):
     b = bias if bias is not None else xp.empty(0, x.dtype)
     b = b if b.flags.c_contiguous else xp.ascontiguousarray(b)
     c = _constants(x.dtype)
-    if activation in SAVES_INPUT:  # out and aux are new; x + bias is saved too
-        out, aux = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
-        if x.size == 0:
-            return out, (x, aux)
-        x2 = reduce.rows(xp, x)
-        store_pre = inplace and bias is not None
-        if bias is not None and not inplace:  # x + bias needs a home of its own
-            x2, b = x2 + b, b[:0]
-        out2, aux2 = out.reshape(x2.shape), aux.reshape(x2.shape)
-        _run_forward(where, activation, kind, x, (x2, b, out2, aux2, store_pre, c))
-        return out, (x2.reshape(x.shape), aux)
-    out = x if inplace else xp.empty(x.shape, x.dtype)
-    # relu saves a boolean mask (out > 0): backward then streams 1 byte per
-    # element instead of the 4 of the output (and act_backward accepts it too)
-    mask = xp.empty(x.shape, np.bool_) if activation == "relu" else None
-    saved = mask if mask is not None else out
+    if activation == "relu":  # in place; saves a boolean mask (out > 0): backward
+        # then streams 1 byte per element instead of 4 (act_backward accepts it too)
+        mask = xp.empty(x.shape, np.bool_)
+        if x.size:
+            x2 = reduce.rows(xp, x)
+            _cpu["relu", "forward_inplace"](x2, b, mask.reshape(x2.shape), c)
+        return x, mask
+    out, aux = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)  # gelu, gelu_tanh
     if x.size == 0:
-        return out, saved
+        return out, (x, aux)
     x2 = reduce.rows(xp, x)
-    aux2 = mask.reshape(x2.shape) if mask is not None else x2[:, :0]
-    if where == "cpu" and inplace:
-        _cpu[activation, "forward_inplace"](x2, b, aux2, c)
-    else:
-        _run_forward(where, activation, kind, x, (x2, b, out.reshape(x2.shape), aux2, False, c))
-    return out, saved
-
-
-def _run_forward(where, activation, kind, x, args):
-    """args: (x2, bias, out2, aux2, store_pre, constants)."""
-    if where == "cpu" and activation in SAVES_INPUT:
-        _cpu[activation, "forward"](*args)
-    elif where == "cpu":  # store_pre is False: no x + bias to keep
-        _cpu[activation, "forward"](*args[:4], args[5])
-    else:
-        launch(_cuda_kernels()["forward"], args[0].size, *args[:5], kind, args[5],
-               stream_of=x)
+    store_pre = inplace and bias is not None
+    if bias is not None and not inplace:  # x + bias needs a home of its own
+        x2, b = x2 + b, b[:0]
+    _cpu[activation, "forward"](x2, b, out.reshape(x2.shape), aux.reshape(x2.shape),
+                                store_pre, c)
+    return out, (x2.reshape(x.shape), aux)
 
 
 def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
     """``(gx, gb)``: the gradient before the activation, from ``forward``'s
-    saved, and (with ``bias_grad``) its sum over all but the last axis,
-    written into ``bias_out`` when given (a gradient buffer), else new."""
-    kind = _code(activation)
+    saved (or ``ops.unary.act_forward``'s), and (with ``bias_grad``) its sum
+    over all but the last axis, written into ``bias_out`` when given (a
+    gradient buffer), else new."""
+    _check_step(activation, BACKWARD, "backward")
     s, aux = saved if activation in SAVES_INPUT else (saved, None)
     mask = s.dtype == np.bool_
     if mask and activation != "relu":
         raise TypeError(f"a boolean saved array is relu's mask, not {activation}'s")
-    where = check_target("activation", g, None if mask else s, aux, bias_out)
+    check_target("activation", g, None if mask else s, aux, bias_out)
     if g.shape != s.shape or (aux is not None and aux.shape != s.shape):
         raise ValueError(f"gradient shape {g.shape} does not match the saved "
                          f"{s.shape}{'' if aux is None else f' and {aux.shape}'}")
@@ -374,20 +255,17 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
     c = _constants(g.dtype)
     g2, s2, gx2 = reduce.rows(xp, g), reduce.rows(xp, s), gx.reshape(-1, m)
     aux2 = reduce.rows(xp, aux) if aux is not None else gx2[:, :0]
-    if where == "cpu":
-        _cpu[activation, "backward"](g2, s2, aux2, gx2, gx2[0, :0] if gb is None else gb, c)
-    else:
-        kernels = _cuda_kernels()
-        launch(kernels["backward"], g2.size, g2, s2, aux2, gx2, kind, c, stream_of=g)
-        if gb is not None:
-            launch(kernels["column_sums"], m, gx2, gb, stream_of=g)
+    _cpu[activation, "backward"](g2, s2, aux2, gx2, gx2[0, :0] if gb is None else gb, c)
     return gx, gb
 
 
-def warmup(dtype, activations=tuple(ACTIVATIONS)):
+def warmup(dtype, activations=BACKWARD):
     """Compile the CPU kernels of ``activations`` for ``dtype``."""
     x, b = np.ones((2, 3), dtype), np.ones(3, dtype)
     for name in activations:
-        out, saved = forward(x.copy(), b, name, inplace=True)
-        backward(out, saved, name, bias_grad=True)
-        forward(x, None, name)
+        if name in FORWARD_INPLACE:
+            forward(x.copy(), b, name, inplace=True)
+        if name in FORWARD:
+            forward(x, None, name)
+        saved = (x, x) if name in SAVES_INPUT else x
+        backward(x, saved, name, bias_grad=True)

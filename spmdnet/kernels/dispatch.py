@@ -3,10 +3,11 @@
 An op asks ``kernels.lookup(op, *arrays, step=...)`` and gets the kernel to
 call, or None: then it runs its own plain-xp code. ``TABLE`` below is all
 the policy: which ops and steps have kernels, and on which arrays beyond
-those that a kernel takes at all (NumPy float32/float64, or CuPy with a
-usable numba.cuda: ``_target.array_target``). A row is there where
-benchmarks/kernels.py measured the kernel at least 2x faster than the xp
-code it replaces (float32, 256x1024; DESIGN.md principle 8).
+those that a kernel takes at all (NumPy float32/float64:
+``_target.array_target``; CuPy arrays take CuPy's own code). A row is there
+where benchmarks/kernels.py measured the kernel at least 2x faster than the
+xp code it replaces (float32, 256x1024; DESIGN.md principle 8), and every
+compiled kernel is reachable from a row (tests/test_kernels_dispatch.py).
 
 The switch: ``SPMDNET_KERNELS`` (``numba``, the default, or ``xp``), read
 once, at the first lookup; ``with kernels.use("xp"): ...`` changes it for a
@@ -20,15 +21,13 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import config
-from . import activation, embedding, loss, norm, optim_kernels
-from . import attention, conv, pool, softmax
+from . import activation, attention, conv, embedding, loss, norm, optim_kernels, pool
+from . import softmax
 from ._numba import available
 from ._target import array_target
 
-# "numba": the kernels TABLE lists, on the targets each row lists (CPU only so
-# far); "numba-cuda": also every row's numba.cuda kernels on CuPy arrays (for
-# tests and measurement); "xp": none.
-MODES = ("numba", "numba-cuda", "xp")
+# "numba": the kernels TABLE lists, on NumPy arrays; "xp": none.
+MODES = ("numba", "xp")
 
 # Logits of up to this many elements: forward and backward together measured
 # at least 2x faster (256x10: 2.4x). Larger logits make the forward
@@ -58,10 +57,6 @@ class Rule(NamedTuple):
     ``array_target``) under which the op takes them."""
     kernels: dict
     when: Callable = _always
-    # On an H100 (numba-cuda, CuPy 14) the numba.cuda kernels made the MLP
-    # step 2x slower than CuPy's own (3.2 against 1.6 ms: launch overhead),
-    # so no row takes them by default; "numba-cuda" mode does.
-    targets: tuple = ("cpu",)
 
 
 def _activation(name):  # the activation ops: no bias, the input untouched
@@ -80,7 +75,8 @@ def _fused(name, steps=("forward", "backward")):
 # Every op that asks, with its kernels. No kernel: relu's and tanh's forward
 # are one NumPy pass already; their backward and sigmoid's without a bias are
 # memory-bound passes that gain 1.4-2x; tanh and sigmoid forward use tanh or
-# exp, which NumPy's AVX-512 loops compute faster than special.py.
+# exp, which NumPy's AVX-512 loops compute faster than special.py (those
+# kernels were removed: a kernel no row reaches is dead code).
 TABLE = {
     "relu": Rule({}),
     "tanh": Rule({}),
@@ -99,14 +95,14 @@ TABLE = {
                     _has_last_axis),
     "layer_norm": Rule({"forward": norm.forward, "backward": norm.backward}, _has_last_axis),
     "embedding": Rule({"backward": embedding.backward}),
-    # kernels/attention.py (row at a time, no BLAS) measured 1.2x (T=64) to 11x
-    # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py)
-    "attention": Rule({}),
+    # row-at-a-time attention kernels (no BLAS) measured 1.2x (T=64) to 11x
+    # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py):
+    # removed; the op asks only for its dropout factors and softmax rows
     # the op's dropout factors: Philox per element compiled, not ~90 uint64 array passes
     "attention_dropout": Rule({"forward": attention.dropout_factors}),
     # benchmarks/cnn_step.py shapes, 1 thread: col2im 1.5 against 2.0 ms (conv2's input
-    # gradient); max pooling 1.5 against 4.1 ms (pool1). conv.im2col (2-4x slower than
-    # NumPy's copy of the strided view there) has no row: the op keeps NumPy's copy.
+    # gradient); max pooling 1.5 against 4.1 ms (pool1). An im2col kernel (2-4x slower
+    # than NumPy's copy of the strided view there) was removed: the op copies the view.
     "conv2d": Rule({"col2im": conv.col2im}),
     "max_pool2d": Rule({"forward": pool.max_pool_forward}),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
@@ -152,9 +148,6 @@ def lookup(op, *arrays, step="forward"):
     kernel = rule.kernels.get(step)
     if kernel is None or not enabled():
         return None
-    target = array_target(*arrays)
-    if target is None or not rule.when(*arrays):
-        return None
-    if target not in rule.targets and mode() != "numba-cuda":
+    if array_target(*arrays) is None or not rule.when(*arrays):
         return None
     return kernel

@@ -15,12 +15,8 @@ import numpy as np
 from ..backend import xp_of
 from . import reduce, softmax, special
 from ._cpu import CpuKernel
-from ._cuda import Builder, launch, launch_rows
 from ._numba import prange
 from ._target import check_target
-
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-
 
 def _forward(x, labels, losses, probs, c):
     """probs[i] = softmax(x[i]); losses[i] = log(s) - (x[i, labels[i]] - m)
@@ -51,20 +47,6 @@ def _backward(probs, labels, scale, grad, c):
 _cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
 
 
-@Builder
-def _cuda_kernels():  # forward: softmax.py's row kernel, then the label's log-probability
-    def backward(probs, labels, scale, grad, c):
-        k = cuda.grid(1)
-        if k < probs.size:
-            i, j = k // probs.shape[1], k % probs.shape[1]
-            p = probs[i, j]
-            if j == labels[i]:
-                p -= c[1]
-            grad[i, j] = p * scale[i]
-
-    return {"backward": backward}
-
-
 def _check_labels(logits, labels):
     n, classes = logits.shape
     if labels.shape != (n,) or labels.dtype.kind not in "iu" or (
@@ -80,7 +62,7 @@ def forward(logits, labels, check=True):
     """``(losses, probs)``: the per-row losses (N,) and the softmax (N, C),
     which ``backward`` needs. ``check=False`` skips the labels' range check
     (for callers that made it already: an index out of range is undefined)."""
-    where = check_target("cross-entropy", logits)
+    check_target("cross-entropy", logits)
     if logits.ndim != 2:
         raise ValueError(f"cross-entropy kernels: logits must be (N, C), got {logits.shape}")
     n, classes = logits.shape
@@ -93,19 +75,14 @@ def forward(logits, labels, check=True):
             raise ValueError("cross-entropy kernels: logits with 0 classes")
         return losses, probs
     x = logits if logits.flags.c_contiguous else xp.ascontiguousarray(logits)
-    c = softmax.constants(x.dtype)
-    if where == "cpu":
-        _cpu["forward"](x, labels, losses, probs, c)
-    else:  # softmax's row kernel gives probs and log-sum-exp; loss = lse - x[label]
-        launch_rows(softmax.cuda_kernels()["forward"], n, x, probs, losses, c, stream_of=x)
-        losses -= x[xp.arange(n), labels]
+    _cpu["forward"](x, labels, losses, probs, softmax.constants(x.dtype))
     return losses, probs
 
 
 def backward(probs, labels, scale):
     """d(sum_i scale[i] * loss_i)/d logits = (probs - onehot) * scale[:, None],
     from ``forward``'s probs (labels as given to forward: not checked again)."""
-    where = check_target("cross-entropy", probs, scale)
+    check_target("cross-entropy", probs, scale)
     if probs.ndim != 2 or scale.shape != probs.shape[:1] or labels.shape != scale.shape:
         raise ValueError(f"cross-entropy kernels: probs {probs.shape}, labels "
                          f"{labels.shape}, scale {scale.shape} do not fit")
@@ -114,11 +91,7 @@ def backward(probs, labels, scale):
     if grad.size == 0:
         return grad
     scale = scale if scale.flags.c_contiguous else xp.ascontiguousarray(scale)
-    args = (probs, labels, scale, grad, softmax.constants(probs.dtype))
-    if where == "cpu":
-        _cpu["backward"](*args)
-    else:
-        launch(_cuda_kernels()["backward"], grad.size, *args, stream_of=probs)
+    _cpu["backward"](probs, labels, scale, grad, softmax.constants(probs.dtype))
     return grad
 
 

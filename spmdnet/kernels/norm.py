@@ -13,13 +13,8 @@ import numpy as np
 from ..backend import xp_of
 from . import reduce
 from ._cpu import CpuKernel
-from ._cuda import Builder, launch, launch_rows
-from ._numba import njit_inline, numba, prange
+from ._numba import njit_inline, prange
 from ._target import check_target
-
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-THREADS = reduce.THREADS  # per block, in the row kernels
-
 
 def _forward(x, weight, bias, out, mean, rstd, c):
     """out = (x - mean) * rstd * weight + bias per row (weight/bias may be
@@ -74,61 +69,6 @@ def _backward_rows(g, x, weight, mean, rstd, gx, gw, gb, xhat, affine, c):
             gx[i, j] = r * (gx[i, j] - a - xhat[0, j] * b)
 
 
-@Builder
-def _cuda_kernels():
-    block_reduce = reduce.cuda_device_functions()["block_reduce"]
-
-    def forward(x, weight, bias, out, mean, rstd, c):  # one block per row
-        i, t, eps = cuda.blockIdx.x, cuda.threadIdx.x, c[3]
-        buf = cuda.shared.array(THREADS, numba.float64)
-        d = x.shape[1]
-        s = 0.0
-        for j in range(t, d, THREADS):
-            s += x[i, j]
-        mu = block_reduce(buf, t, s, False) / d
-        s = 0.0
-        for j in range(t, d, THREADS):
-            s += (x[i, j] - mu) * (x[i, j] - mu)
-        r = 1.0 / math.sqrt(block_reduce(buf, t, s, False) / d + eps)
-        for j in range(t, d, THREADS):
-            v = (x[i, j] - mu) * r
-            out[i, j] = v * weight[j] + bias[j] if weight.shape[0] > 0 else v
-        if t == 0:
-            mean[i] = mu
-            rstd[i] = r
-
-    def backward_rows(g, x, weight, mean, rstd, gx):  # one block per row
-        i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        buf = cuda.shared.array(THREADS, numba.float64)
-        d = x.shape[1]
-        mu, r = mean[i], rstd[i]
-        sa = sb = 0.0
-        for j in range(t, d, THREADS):
-            gh = g[i, j] * weight[j] if weight.shape[0] > 0 else g[i, j]
-            gx[i, j] = gh
-            sa += gh
-            sb += gh * (x[i, j] - mu) * r
-        a = block_reduce(buf, t, sa, False) / d
-        b = block_reduce(buf, t, sb, False) / d
-        for j in range(t, d, THREADS):
-            gx[i, j] = r * (gx[i, j] - a - (x[i, j] - mu) * r * b)
-
-    def backward_params(g, x, mean, rstd, gw, gb):  # one thread per column, rows in order
-        j = cuda.grid(1)
-        if j < x.shape[1]:
-            sw = sb = 0.0
-            for i in range(x.shape[0]):
-                sw += g[i, j] * ((x[i, j] - mean[i]) * rstd[i])
-                sb += g[i, j]
-            if gw.shape[0] > 0:
-                gw[j] = sw
-            if gb.shape[0] > 0:
-                gb[j] = sb
-
-    return {"forward": forward, "backward_rows": backward_rows,
-            "backward_params": backward_params}
-
-
 _cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward)}
 
 
@@ -151,7 +91,7 @@ def _affine(xp, x, weight, bias):
 def forward(x, weight=None, bias=None, eps=1e-5):
     """``(out, mean, rstd)`` of layer norm over the last axis; mean and rstd
     have x's shape without its last axis."""
-    where = check_target("layer_norm", x, weight, bias)
+    check_target("layer_norm", x, weight, bias)
     if x.ndim == 0:
         raise ValueError("layer_norm kernels: the input needs at least one axis")
     xp = xp_of(x)
@@ -163,10 +103,7 @@ def forward(x, weight=None, bias=None, eps=1e-5):
     x2 = reduce.rows(xp, x)
     args = (x2, w, b, out.reshape(x2.shape), mean.reshape(-1), rstd.reshape(-1),
             _constants(x.dtype, x.shape[-1], eps))
-    if where == "cpu":
-        _cpu["forward"](*args)
-    else:
-        launch_rows(_cuda_kernels()["forward"], x2.shape[0], *args, stream_of=x)
+    _cpu["forward"](*args)
     return out, mean, rstd
 
 
@@ -175,7 +112,7 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
     """``(gx, gw, gb)`` from ``forward``'s mean and rstd; gw and gb (None
     unless wanted, or without a weight) are written into ``weight_out`` and
     ``bias_out`` when given (gradient buffers)."""
-    where = check_target("layer_norm", g, x, weight, mean, rstd)
+    check_target("layer_norm", g, x, weight, mean, rstd)
     if g.shape != x.shape or mean.shape != x.shape[:-1] or rstd.shape != mean.shape:
         raise ValueError(f"layer_norm kernels: gradient {g.shape}, input {x.shape}, mean "
                          f"{mean.shape}, rstd {rstd.shape} do not fit")
@@ -204,15 +141,8 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
     m1, r1 = xp.ascontiguousarray(mean).reshape(-1), xp.ascontiguousarray(rstd).reshape(-1)
     # with a weight the kernels compute both sums: a scratch row for one not wanted
     gw1, gb1 = (a if a is not None else xp.empty(d if affine else 0, x.dtype) for a in (gw, gb))
-    if where == "cpu":
-        _cpu["backward"](g2, x2, w, m1, r1, gx2, gw1, gb1, np.empty((1, d), x.dtype),
-                         _constants(x.dtype, d, 0.0))
-    else:
-        kernels = _cuda_kernels()
-        launch_rows(kernels["backward_rows"], x2.shape[0], g2, x2, w, m1, r1, gx2,
-                    stream_of=x)
-        if gw is not None or gb is not None:
-            launch(kernels["backward_params"], d, g2, x2, m1, r1, gw1, gb1, stream_of=x)
+    _cpu["backward"](g2, x2, w, m1, r1, gx2, gw1, gb1, np.empty((1, d), x.dtype),
+                     _constants(x.dtype, d, 0.0))
     return gx, gw, gb
 
 

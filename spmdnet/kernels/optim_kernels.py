@@ -5,15 +5,13 @@ Each body is plain Python over flat arrays, jitted explicitly; elementwise
 loops give the same bits at any thread count, so replicas stay bitwise
 identical. Scalars are converted to the parameter's dtype by the wrappers,
 so float32 parameters are updated in float32 arithmetic, like the NumPy
-path in ``spmdnet.optim`` (the reference). CuPy arrays run the same bodies
-as CUDA kernels, one thread per element.
+path in ``spmdnet.optim`` (the reference).
 """
 import math
 
 import numpy as np
 
 from ._cpu import CpuKernel
-from ._cuda import Builder, launch
 from ._numba import njit_inline, prange
 from ._target import check_target
 
@@ -57,34 +55,10 @@ def _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, be
 
 _cpu = {"sgd": CpuKernel(_sgd_body), "adam": CpuKernel(_adam_body)}
 
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-
-
-@Builder
-def _cuda_kernels():
-    """The same element updates, one thread per element."""
-    def sgd(param, grad, buf, lr, momentum, one_minus_damp, weight_decay, nesterov, first):
-        i = cuda.grid(1)
-        if i < param.size:
-            _sgd_element(i, param, grad, buf, lr, momentum, one_minus_damp, weight_decay,
-                         nesterov, first)
-
-    def adam(param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
-             one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay):
-        i = cuda.grid(1)
-        if i < param.size:
-            _adam_element(i, param, grad, exp_avg, exp_avg_sq, lr_over_bc1, sqrt_bc2, beta1,
-                          one_minus_beta1, beta2, one_minus_beta2, eps, l2, decay)
-
-    return {"sgd": sgd, "adam": adam}
-
 
 def _run(name, args):
-    param = args[0]
-    if check_target("optimizer", param) == "cpu":
-        _cpu[name](*args)
-    else:
-        launch(_cuda_kernels()[name], param.size, *args, stream_of=param)
+    check_target("optimizer", args[0])
+    _cpu[name](*args)
 
 
 def sgd_update(param, grad, buf, lr, momentum, dampening, weight_decay, nesterov, first):

@@ -1,16 +1,14 @@
 """Max pooling with its argmax for ``ops.pooling.MaxPool2d``: values and
 PyTorch's indices (flat h·W + w in each channel) in one pass, the first
 maximum in the window's row-major order (the first NaN, when there is one);
-padding is skipped, not read as -inf. One helper per output row, looped on
-the CPU, one CUDA thread per row. The plain-xp reference (a -inf padded
-strided view, copied, then argmax) cost 2.3 ms a call of the CIFAR-10
-net's first pooling layer (benchmarks/cnn_step.py, 1 thread).
+padding is skipped, not read as -inf. One helper per output row. The
+plain-xp reference (a -inf padded strided view, copied, then argmax) cost
+2.3 ms a call of the CIFAR-10 net's first pooling layer (benchmarks/cnn_step.py, 1 thread).
 """
 import numpy as np
 
 from ..backend import xp_of
 from ._cpu import CpuKernel
-from ._cuda import Builder, launch
 from ._numba import njit_inline
 from ._target import check_target
 
@@ -44,25 +42,12 @@ def _max_pool(x, out, idx, geom):
                 _max_row(x, out, idx, n, c, oh, geom)
 
 
-_cpu = {"max_pool": CpuKernel(_max_pool)}
-
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-
-
-@Builder
-def _cuda_kernels():
-    def max_pool(x, out, idx, geom):  # one thread per output row
-        r = cuda.grid(1)
-        if r < out.shape[0] * out.shape[1] * out.shape[2]:
-            oh, t = r % out.shape[2], r // out.shape[2]
-            _max_row(x, out, idx, t // out.shape[1], t % out.shape[1], oh, geom)
-
-    return {"max_pool": max_pool}
+_max_pool_kernel = CpuKernel(_max_pool)
 
 
 def max_pool_forward(x, kernel, stride, padding, dilation, out_hw):
     """(values, int64 indices), both (N, C, Ho, Wo), of max pooling x (N, C, H, W)."""
-    where = check_target("max_pool2d", x)
+    check_target("max_pool2d", x)
     if x.ndim != 4 or min(x.shape[2:]) < 1:
         raise ValueError(f"max_pool2d kernels: expected a non-empty x (N, C, H, W), got "
                          f"{x.shape}")
@@ -71,11 +56,7 @@ def max_pool_forward(x, kernel, stride, padding, dilation, out_hw):
     shape = x.shape[:2] + tuple(out_hw)
     out, idx = xp.empty(shape, x.dtype), xp.empty(shape, xp.int64)
     geom = tuple(int(v) for v in (*kernel, *stride, *padding, *dilation))
-    if where == "cpu":
-        _cpu["max_pool"](x, out, idx, geom)
-    else:
-        launch(_cuda_kernels()["max_pool"], out.size // max(out.shape[-1], 1), x, out, idx,
-               geom, stream_of=x)
+    _max_pool_kernel(x, out, idx, geom)
     return out, idx
 
 

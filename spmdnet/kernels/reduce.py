@@ -6,7 +6,6 @@ A plain ``for`` loop adding into one scalar is a chain of dependent adds
 independent partial sums vectorise, and their fixed order gives the same
 bits on every machine, thread count and rank.
 """
-from ._cuda import Builder, threads_per_block
 from ._numba import njit_inline
 
 
@@ -76,35 +75,6 @@ def row_max(a, i, neg_inf):
         m0 = _bigger(m0, a[i, j])
     return _bigger(_bigger(_bigger(m0, m1), _bigger(m2, m3)),
                    _bigger(_bigger(m4, m5), _bigger(m6, m7)))
-
-
-
-# -- CUDA: one block of threads_per_block() threads per row -----------------------------
-THREADS = threads_per_block()  # a power of two
-
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-
-
-def _build_block_reduce():
-    def block_reduce(buf, t, v, take_max):
-        """The sum (or with ``take_max`` the max) of one value per thread
-        over the block, in tree order (deterministic); every thread gets it."""
-        buf[t] = v
-        cuda.syncthreads()
-        step = THREADS // 2
-        while step > 0:
-            if t < step:
-                buf[t] = _bigger(buf[t], buf[t + step]) if take_max else buf[t] + buf[t + step]
-            cuda.syncthreads()
-            step //= 2
-        total = buf[0]
-        cuda.syncthreads()
-        return total
-
-    return {"block_reduce": block_reduce}
-
-
-cuda_device_functions = Builder(_build_block_reduce, device=True)
 
 
 def rows(xp, a):

@@ -16,13 +16,8 @@ import numpy as np
 from ..backend import xp_of
 from . import reduce, special
 from ._cpu import CpuKernel
-from ._cuda import Builder, launch_rows
-from ._numba import numba, prange
+from ._numba import prange
 from ._target import check_target
-
-cuda = None  # numba.cuda, bound by _cuda.Builder (the CUDA simulator swaps this global)
-THREADS = reduce.THREADS  # per block, in the row kernels
-
 
 def _forward(x, out, lse, c):
     """out[i] = exp(x[i] - m) / s and lse[i] = m + log(s), with m = max(x[i])
@@ -59,61 +54,16 @@ _cpu = {"forward": CpuKernel(_forward), "backward": CpuKernel(_backward),
         "from_lse": CpuKernel(_from_lse)}
 
 
-@Builder
-def cuda_kernels():  # also cross-entropy's forward (loss.py)
-    block_reduce = reduce.cuda_device_functions()["block_reduce"]
-
-    def forward(x, out, lse, c):  # one block per row
-        i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        buf = cuda.shared.array(THREADS, numba.float64)
-        m = c[2]
-        for j in range(t, x.shape[1], THREADS):
-            if x[i, j] > m:
-                m = x[i, j]
-        m = block_reduce(buf, t, m, True)
-        s = 0.0
-        for j in range(t, x.shape[1], THREADS):
-            e = special.exp(x[i, j] - m)
-            out[i, j] = e
-            s += e
-        s = block_reduce(buf, t, s, False)
-        for j in range(t, x.shape[1], THREADS):
-            out[i, j] /= s
-        if t == 0:
-            lse[i] = m + math.log(s)
-
-    def from_lse(x, out, lse, c):  # one block per row
-        i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        for j in range(t, x.shape[1], THREADS):
-            out[i, j] = special.exp(x[i, j] - lse[i])
-
-    def backward(g, y, gx, c):  # one block per row
-        i, t = cuda.blockIdx.x, cuda.threadIdx.x
-        buf = cuda.shared.array(THREADS, numba.float64)
-        s = 0.0
-        for j in range(t, g.shape[1], THREADS):
-            s += g[i, j] * y[i, j]
-        s = block_reduce(buf, t, s, False)
-        for j in range(t, g.shape[1], THREADS):
-            gx[i, j] = y[i, j] * (g[i, j] - s)
-
-    return {"forward": forward, "backward": backward, "from_lse": from_lse}
-
-
 @functools.lru_cache
 def constants(dtype):
     """``(0, 1, -inf)`` in ``dtype``, the row kernels' ``c`` (also cross-entropy's)."""
     return tuple(dtype.type(v) for v in (0.0, 1.0, -np.inf))
 
 
-def _run(step, arrays, out, where, lse=None):
+def _run(step, arrays, out, lse=None):
     rows = arrays[0]
     more = () if lse is None else (lse.reshape(-1),)
-    args = (*arrays, out.reshape(rows.shape), *more, constants(rows.dtype))
-    if where == "cpu":
-        _cpu[step](*args)
-    else:
-        launch_rows(cuda_kernels()[step], rows.shape[0], *args, stream_of=rows)
+    _cpu[step](*arrays, out.reshape(rows.shape), *more, constants(rows.dtype))
     return out
 
 
@@ -125,39 +75,39 @@ def forward(x):
 def forward_lse(x):
     """``(softmax(x), logsumexp(x))`` over the last axis; the second has x's
     shape without its last axis (scaled dot-product attention keeps it)."""
-    where = check_target("softmax", x)
+    check_target("softmax", x)
     if x.ndim == 0:
         raise ValueError("softmax kernels: the input needs at least one axis")
     xp = xp_of(x)
     out, lse = xp.empty(x.shape, x.dtype), xp.empty(x.shape[:-1], x.dtype)
     if x.size:
-        _run("forward", (reduce.rows(xp, x),), out, where, lse)
+        _run("forward", (reduce.rows(xp, x),), out, lse)
     return out, lse
 
 
 def from_lse(x, lse):
     """exp(x - lse[..., None]): the softmax of x again, from ``forward_lse``'s
     log-sum-exp (or any row statistic of x's shape without its last axis)."""
-    where = check_target("softmax", x, lse)
+    check_target("softmax", x, lse)
     if lse.shape != x.shape[:-1]:
         raise ValueError(f"softmax kernels: lse {lse.shape} does not fit x {x.shape}")
     xp = xp_of(x)
     out = xp.empty(x.shape, x.dtype)
     if x.size:
-        _run("from_lse", (reduce.rows(xp, x),), out, where, xp.ascontiguousarray(lse))
+        _run("from_lse", (reduce.rows(xp, x),), out, xp.ascontiguousarray(lse))
     return out
 
 
 def backward(g, y):
     """The gradient of softmax at output ``y`` for the output gradient ``g``."""
-    where = check_target("softmax", g, y)
+    check_target("softmax", g, y)
     if g.shape != y.shape:
         raise ValueError(f"softmax kernels: gradient {g.shape} and output {y.shape} differ")
     xp = xp_of(g)
     gx = xp.empty(g.shape, y.dtype)
     if g.size == 0:
         return gx
-    return _run("backward", (reduce.rows(xp, g), reduce.rows(xp, y)), gx, where)
+    return _run("backward", (reduce.rows(xp, g), reduce.rows(xp, y)), gx)
 
 
 def warmup(dtype):

@@ -1,4 +1,4 @@
-"""Special functions: the scalar ``exp``, ``erf``, ``tanh`` that kernels call,
+"""Special functions: the scalar ``exp`` and ``erf`` that kernels call,
 and ``erf_array``, the error function in plain xp (the exact GELU's xp path).
 
 The scalar functions are plain Python over ``math`` (the reference, and what
@@ -7,8 +7,8 @@ argument takes the polynomial variants below instead: Numba would call libm
 (or CPython's erf) one element at a time, 2-40 ns per element, while these
 are plain arithmetic that LLVM vectorises (about 0.5 ns per element).
 Accuracy against the float64 functions, on the inputs of tests/test_kernels_numerics.py:
-exp 2 ulp (but 0 instead of subnormal results, below 1.2e-38), erf and tanh
-7 ulp (relative error < 1e-6). float64 arguments always use ``math``.
+exp 2 ulp (but 0 instead of subnormal results, below 1.2e-38), erf 7 ulp
+(relative error < 1e-6). float64 arguments always use ``math``.
 ``erf_array`` uses no Numba: W. J. Cody's rational approximations in xp
 operations, within 4 ulp of ``math.erf`` in float64 (CuPy arrays take
 ``cupyx.scipy.special.erf``).
@@ -31,11 +31,6 @@ def exp(x):
 def erf(x):
     """The error function for kernels (see ``erf_array`` for arrays)."""
     return math.erf(x)
-
-
-def tanh(x):
-    """tanh for kernels."""
-    return math.tanh(x)
 
 
 _f = np.float32
@@ -83,34 +78,8 @@ def _erf_float32(x):
     return out if x == x else x
 
 
-# tanh: Eigen's float32 rational approximation (odd degree-13 over even
-# degree-6) on [-7.9, 7.9]; tanh(x) = x for |x| < 4e-4 to keep tiny inputs
-# exact. Its error near +-1 is 7 ulp of 1: where 1 + tanh(x) matters, the
-# kernels use exp instead (activation.py).
-_T1, _T3, _T5 = _f(4.89352455891786e-03), _f(6.37261928875436e-04), _f(1.48572235717979e-05)
-_T7, _T9 = _f(5.12229709037114e-08), _f(-8.60467152213735e-11)
-_T11, _T13 = _f(2.00018790482477e-13), _f(-2.76076847742355e-16)
-_U0, _U2 = _f(4.89352518554385e-03), _f(2.26843463243900e-03)
-_U4, _U6 = _f(1.18534705686654e-04), _f(1.19825839466702e-06)
-
-
-_TANH_CLAMP = _f(7.90531110763549805)
-
-
-def _tanh_float32(x):
-    xc = x if x < _TANH_CLAMP else _TANH_CLAMP
-    xc = xc if xc > -_TANH_CLAMP else -_TANH_CLAMP
-    x2 = xc * xc
-    p = ((((((_T13 * x2 + _T11) * x2 + _T9) * x2 + _T7) * x2 + _T5) * x2 + _T3) * x2 + _T1) * xc
-    q = ((_U6 * x2 + _U4) * x2 + _U2) * x2 + _U0
-    out = p / q
-    out = x if abs(x) < _f(0.0004) else out
-    return out if x == x else x
-
-
 float32_variant(exp, _exp_float32)
 float32_variant(erf, _erf_float32)
-float32_variant(tanh, _tanh_float32)
 
 
 # erf on arrays: W. J. Cody, "Rational Chebyshev approximations for the error

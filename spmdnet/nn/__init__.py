@@ -18,3 +18,13 @@ __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "ModuleD
            "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "AdaptiveMaxPool2d", "Upsample", "MultiheadAttention",
            "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"]
+
+
+def __getattr__(name):
+    """``nn.SyncBatchNorm`` (PyTorch's path): the layer reduces over MPI, so it
+    lives with the strategies (``spmdnet.parallel.sync_batchnorm``, layer 8);
+    it is imported at first use, nn (layer 5) never imports parallel at load."""
+    if name == "SyncBatchNorm":
+        from ..parallel.sync_batchnorm import SyncBatchNorm  # noqa: PLC0415 - layer 8, lazily
+        return SyncBatchNorm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

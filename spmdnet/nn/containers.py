@@ -129,7 +129,9 @@ class Sequential(ModuleSequence):
         modules, fused, i = list(self), dict(self.fused_pairs()), 0
         while i < len(modules):
             m = modules[i]
-            if i in fused:
+            # a wrapper that manages the weight (FSDP frees it between uses) runs
+            # the Linear itself, so its forward gathers what it needs
+            if i in fused and m.weight.ndim == 2:
                 x = F.linear(x, m.weight, m.bias, activation=fused[i])
                 i += 2
             else:

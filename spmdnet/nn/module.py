@@ -4,8 +4,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import host_memory
 from ..backend import asnumpy, to_device, xp_of
-from ..ops.convert import resolve_device, resolve_dtype
+from .._args import resolve_device, resolve_dtype
 from .._tensor import Tensor
 from .parameter import Parameter, grad_array
 
@@ -14,6 +15,7 @@ class Module:
     """Base class: set Parameters and Modules as attributes; define forward."""
 
     def __init__(self):
+        host_memory.retain_freed_memory()  # once per process; a module may hold no tensor
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())

@@ -1,60 +1,27 @@
-"""The op registry: every differentiable op, the wrappers that turn Python
-arguments into tensors, and the table binding operators and methods onto
-Tensor. Grep here to find any op.
+"""The ops: one module per family of differentiable ops (``Function``
+subclasses and the wrappers that turn Python arguments into tensors), and
+``TENSOR_METHODS``, the one table of the operators and methods that
+``bind_tensor_methods()`` puts onto Tensor. Grep that table to find the op
+behind any Tensor method.
 """
 from .._tensor import Tensor
-from . import compare, reduce, sort, unary
-from .arith import Add, Div, Mul, Neg, Pow, Sub, add, div, mul, neg, pow, rdiv, rpow, rsub, sub
-from .arith import as_tensor_like  # noqa: F401 - functional.py imports it from here
-from .einsum import Einsum
-from .linalg import Linear, LinearAct, MatMul, bmm, matmul, rmatmul
-from .activations import ELU, LeakyReLU, SiLU, Softplus
-from .losses import CrossEntropy, CrossEntropyProbs, NLLLoss
+from . import compare, convert, gather, index, inplace, methods, pointwise, reduce, scan, shape
+from . import sort, unary
+from .arith import add, as_tensor_like, div, mul, neg, pow, rdiv, rpow, rsub, sub
+from .convert import array_ufunc
+from .index import getitem
+from .linalg import Linear, LinearAct, bmm, matmul, rmatmul
 from .nn_ops import Dropout, Embedding, LayerNorm, LogSoftmax, Normalize, Pad, Softmax
-from .pointwise_losses import BCELoss, BCEWithLogitsLoss, L1Loss, MSELoss, SmoothL1Loss
-from .reduce import Amax, Amin, LogSumExp, Mean, Norm, Prod, SelectAlong, Sum, Var
-from .select import Maximum, Minimum, Where, clamp, masked_fill, maximum, minimum, where
-from .sort import Permuted
-from . import convert, gather, index, inplace, methods, pointwise, scan, shape
-from .gather import Diag, Gather, Scatter
-from .methods import Clone
-from .pointwise import Square, Step
-from .scan import Cumprod, Cumsum, Flip, Roll
-from .batchnorm import BatchNorm, BatchNormEval
-from .conv import Conv2d
-from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
-from .convert import ToDevice, array_ufunc
-from .index import Concatenate, Index, Stack, Triangle, getitem
-from .shape import Contiguous, Expand, Permute, Repeat, Reshape, reshape
-from .unary import (GELU, Abs, Clamp, Cos, Exp, Log, Log1p, ReLU, Rsqrt, Sigmoid, Sin, Sqrt,
-                    Tanh, exp, log, relu, sigmoid, sqrt, tanh)
+from .select import clamp, masked_fill, maximum, minimum, where
+from .shape import reshape
+from .unary import GELU, exp, log, relu, sigmoid, sqrt, tanh
 
-REGISTRY = {
-    "add": Add, "sub": Sub, "mul": Mul, "div": Div, "neg": Neg, "pow": Pow,
-    "matmul": MatMul, "einsum": Einsum, "linear": Linear, "linear_act": LinearAct,
-    "exp": Exp, "log": Log, "log1p": Log1p, "sqrt": Sqrt, "rsqrt": Rsqrt, "sin": Sin,
-    "cos": Cos, "abs": Abs, "clamp": Clamp, "tanh": Tanh, "sigmoid": Sigmoid,
-    "relu": ReLU, "gelu": GELU, "where": Where, "maximum": Maximum, "minimum": Minimum,
-    "sum": Sum, "mean": Mean, "var": Var, "prod": Prod, "amax": Amax, "amin": Amin,
-    "logsumexp": LogSumExp, "norm": Norm, "select_along": SelectAlong, "permuted": Permuted,
-    "reshape": Reshape, "permute": Permute, "expand": Expand, "repeat": Repeat,
-    "contiguous": Contiguous, "index": Index, "concatenate": Concatenate, "stack": Stack,
-    "triangle": Triangle, "to_device": ToDevice, "clone": Clone,
-    "square": Square, "step": Step, "cumsum": Cumsum, "cumprod": Cumprod, "flip": Flip,
-    "roll": Roll, "gather": Gather, "scatter": Scatter, "diag": Diag,
-    "softmax": Softmax, "log_softmax": LogSoftmax, "dropout": Dropout, "layer_norm": LayerNorm,
-    "embedding": Embedding, "pad": Pad, "normalize": Normalize,
-    "silu": SiLU, "leaky_relu": LeakyReLU, "elu": ELU, "softplus": Softplus,
-    "cross_entropy": CrossEntropy, "cross_entropy_probs": CrossEntropyProbs,
-    "nll_loss": NLLLoss, "mse_loss": MSELoss, "l1_loss": L1Loss, "smooth_l1_loss": SmoothL1Loss,
-    "binary_cross_entropy": BCELoss, "binary_cross_entropy_with_logits": BCEWithLogitsLoss,
-    "batch_norm": BatchNorm, "batch_norm_eval": BatchNormEval,
-    "conv2d": Conv2d, "max_pool2d": MaxPool2d, "avg_pool2d": AvgPool2d,
-    "adaptive_avg_pool2d": AdaptiveAvgPool2d, "adaptive_max_pool2d": AdaptiveMaxPool2d,
-}
+# what functional.py (and benchmarks) import from the package rather than from a family
+__all__ = ["GELU", "Dropout", "Embedding", "LayerNorm", "Linear", "LinearAct", "LogSoftmax",
+           "Normalize", "Pad", "Softmax", "as_tensor_like", "exp", "log", "matmul", "relu",
+           "sigmoid", "sqrt", "tanh", "TENSOR_METHODS", "bind_tensor_methods"]
 
-
-# operator / method name on Tensor -> function, bound once at import
+# operator / method name on Tensor -> function (bind_tensor_methods)
 TENSOR_METHODS = {
     # arithmetic, PyTorch's type promotion (ops/arith.py, ops/linalg.py)
     "__add__": add, "__radd__": add, "__sub__": sub, "__rsub__": rsub,
@@ -111,5 +78,11 @@ TENSOR_METHODS = {
     # in place on .data, no graph: +=, *=, zero_, add_, copy_, t[i] = v (ops/inplace.py)
     **inplace.METHODS,
 }
-for _name, _fn in TENSOR_METHODS.items():
-    setattr(Tensor, _name, _fn)
+
+
+def bind_tensor_methods():
+    """Put every operator and method of ``TENSOR_METHODS`` onto Tensor
+    (``_tensor.py`` knows no op by name). ``spmdnet/__init__.py`` calls it
+    before importing anything that computes; calling it again changes nothing."""
+    for name, fn in TENSOR_METHODS.items():
+        setattr(Tensor, name, fn)

@@ -78,17 +78,6 @@ def _combine(higher, lower):
     return higher
 
 
-def scalar_dtype(x, default_float):
-    """The dtype a Python (or NumPy) scalar stands for in promotion."""
-    if isinstance(x, (bool, np.bool_)):
-        return np.dtype(bool)
-    if isinstance(x, (int, np.integer)):
-        return np.dtype(np.int64)
-    if isinstance(x, complex):
-        return np.dtype(np.complex64 if default_float == np.float32 else np.complex128)
-    return default_float
-
-
 def result_type(dims, zeros, scalars):
     """The result dtype of an op over dimensioned-tensor dtypes ``dims``,
     0-dim tensor dtypes ``zeros`` and Python-scalar dtypes ``scalars``."""

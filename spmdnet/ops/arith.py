@@ -2,10 +2,11 @@
 add, sub, mul, div, neg, pow."""
 import numpy as np
 
+from .._args import scalar_dtype
 from .._tensor import Tensor, _as_array, get_default_dtype
 from ..autograd import Function
 from ..backend import xp_of
-from ._util import result_type, scalar_dtype, unbroadcast
+from ._util import result_type, unbroadcast
 
 
 class Add(Function):

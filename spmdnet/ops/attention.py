@@ -8,9 +8,7 @@ Query rows go in blocks of ``block_rows`` (peak memory N x block x S, not
 N x L x S); backward recomputes each block's probabilities from the
 log-sum-exp and regenerates the dropout mask from the seed
 (``kernels.attention.dropout_keep``, a Philox counter stream; compiled:
-``dropout_factors``). Softmax rows use ``kernels/softmax.py``. The Numba
-kernels (``kernels/attention.py``) take the maskless cases where
-``kernels/dispatch.py`` says so.
+``dropout_factors``). Softmax rows use ``kernels/softmax.py``.
 """
 import numpy as np
 
@@ -51,15 +49,7 @@ class ScaledDotProductAttention(Function):
         self.dropout_p, self.seed = dropout_p, seed
         n = self.q.shape[0]
         self.block = block_rows or max(1, BLOCK_ELEMENTS // max(1, n * source))
-        self.kernel = None
-        if mask is None:
-            self.kernel = kernels.lookup("attention", self.q, self.k, self.v, step="backward")
-            kernel = kernels.lookup("attention", self.q, self.k, self.v)
-            if kernel is not None:
-                self.out, self.lse = kernel(self.q, self.k, self.v, causal, scale, dropout_p,
-                                            seed)
-                return self.out.reshape(lead + self.out.shape[1:])
-        # the xp path keeps q * scale in place of q: scores need no scaling
+        # keep q * scale in place of q: scores need no scaling
         # pass (L x S) in forward or backward, and dk = ds^T (q * scale)
         self.q = self.q * q.dtype.type(scale)
         self.out = xp.empty((n, length, v.shape[-1]), q.dtype)
@@ -83,10 +73,6 @@ class ScaledDotProductAttention(Function):
     def backward(self, grad):
         xp = xp_of(grad)
         g = xp.ascontiguousarray(grad.reshape(self.out.shape))
-        if self.kernel is not None:
-            grads = self.kernel(g, self.q, self.k, self.v, self.out, self.lse, self.causal,
-                                self.scale, self.dropout_p, self.seed)
-            return self._unbroadcast(*grads) + ((None,) if len(self.needs_input_grad) > 3 else ())
         dsum = (g * self.out).sum(axis=-1)
         dq, dk, dv = xp.empty_like(self.q), None, None  # dk, dv: sums over the blocks
         has_mask = len(self.needs_input_grad) > 3  # a mask tensor among the inputs

@@ -6,8 +6,8 @@ GEMM per direction: the padded input seen through ``as_strided`` as
 (N, G, C/G·kh·kw, Ho·Wo) columns, ``weight (G, O/G, K) @ columns``; backward
 is the weight gradient ``g @ columnsᵀ`` summed over the batch and the input
 gradient ``weightᵀ @ g`` scattered back (col2im) by kh·kw strided adds.
-Where ``kernels.lookup("conv2d", x, step=...)`` gives them, the columns
-are built (``im2col``) and scattered back (``col2im``) by kernels/conv.py.
+Where ``kernels.lookup("conv2d", x, step="col2im")`` gives it, the input
+gradient is scattered back by kernels/conv.py's ``col2im`` instead.
 """
 from .. import kernels
 from ..autograd import Function
@@ -78,13 +78,10 @@ class Conv2d(Function):
         xp = xp_of(x, weight, *bias)
         n, c, h, w = x.shape
         o, cg, kh, kw = weight.shape
-        im2col = kernels.lookup("conv2d", x, step="im2col")
         self.col2im = kernels.lookup("conv2d", x, step="col2im")
         padded, view = padded_windows(x, pads, (kh, kw), stride, dilation)
         ho, wo = view.shape[-2:]
-        cols = (im2col(x, (kh, kw), stride, pads, dilation, (ho, wo)) if im2col is not None
-                else xp.ascontiguousarray(view))
-        cols = cols.reshape(n, groups, cg * kh * kw, ho * wo)
+        cols = xp.ascontiguousarray(view).reshape(n, groups, cg * kh * kw, ho * wo)
         out = xp.matmul(weight.reshape(groups, o // groups, cg * kh * kw), cols)
         out = out.reshape(n, o, ho, wo)
         if bias:

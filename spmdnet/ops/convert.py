@@ -8,27 +8,11 @@ to an integer or bool dtype leaves it.
 """
 import numpy as np
 
+from .._args import resolve_device, resolve_dtype
 from .._tensor import Tensor
 from ..autograd import Function
 from ..backend import device_of, to_device
 from .arith import Cast
-
-
-def resolve_dtype(dtype):
-    """``dtype`` (a NumPy dtype, type, or name) as a ``numpy.dtype``;
-    Python's ``float``/``int``/``bool`` mean float64/int64/bool, as PyTorch."""
-    return None if dtype is None else np.dtype(dtype)
-
-
-def resolve_device(device):
-    """``"cpu"`` or ``"gpu"`` for a device name; PyTorch's ``"cuda"`` and
-    ``"cuda:N"`` mean this rank's GPU (each rank binds its own)."""
-    if device is None or device in ("cpu", "gpu"):
-        return device
-    name = str(device)
-    if name == "cuda" or name.startswith("cuda:") and name[5:].isdigit():
-        return "gpu"
-    raise ValueError(f"device must be 'cpu', 'gpu' or 'cuda[:N]', got {device!r}")
 
 
 def _is_float(dtype):

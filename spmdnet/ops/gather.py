@@ -15,7 +15,7 @@ from ..autograd import Function
 from ..backend import scatter_add as _scatter_add
 from ..backend import asnumpy, to_device, xp_of
 from .index import Index
-from .shape import canonical_dim
+from .._args import canonical_dim
 
 
 def _coords(index, axis):

@@ -7,7 +7,7 @@ import numpy as np
 from .._tensor import Tensor
 from ..autograd import Function
 from ..backend import is_cupy_array, scatter_add, to_device, xp_of
-from .shape import canonical_dim
+from .._args import canonical_dim
 
 
 def _unwrap(i, on_gpu):

@@ -12,13 +12,13 @@ nothing changes.
 import numpy as np
 
 from .. import creation
+from .._args import canonical_dim, shape_arg
 from ..autograd import Function
 from ..backend import is_cupy_array, xp_of
 from ..random import generator as default_generator
 from .convert import cast, to
 from .inplace import _no_graph
 from .nn_ops import LogSoftmax, Softmax
-from .shape import canonical_dim, shape_arg
 
 
 class Clone(Function):

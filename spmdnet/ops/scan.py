@@ -10,7 +10,7 @@ import numpy as np
 from ..autograd import Function
 from ..backend import xp_of
 from .convert import cast
-from .shape import canonical_dim
+from .._args import canonical_dim
 
 
 def _reverse_cumsum(g, axis):

@@ -10,27 +10,10 @@ import warnings
 
 import numpy as np
 
+from .._args import canonical_dim, shape_arg
 from ..autograd import Function
 from ..backend import xp_of
 from ._util import unbroadcast
-
-
-def canonical_dim(dim, ndim):
-    """``dim`` in ``[0, ndim)`` (a 0-d tensor accepts -1 and 0), as PyTorch."""
-    hi = max(ndim, 1)
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-        raise TypeError(f"dim must be an int, got {dim!r}")
-    if not -hi <= dim < hi:
-        raise IndexError(f"Dimension out of range (expected to be in range of "
-                         f"[{-hi}, {hi - 1}], but got {dim})")
-    return int(dim) % hi
-
-
-def shape_arg(shape):
-    """``(*ints)`` or ``((ints),)`` -> a tuple of ints (PyTorch's ``*size``)."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
-    return tuple(int(n) for n in shape)
 
 
 def infer_shape(shape, numel):

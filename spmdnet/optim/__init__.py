@@ -4,8 +4,9 @@ PyTorch's names and update rules, on raw NumPy/CuPy arrays updated in place.
 """
 from . import lr_scheduler
 from .adam import Adam, AdamW
-from .clip import clip_grad_norm_
+from ..nn.utils.clip_grad import clip_grad_norm_, clip_grad_value_
 from .optimizer import Optimizer
 from .sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm_", "lr_scheduler"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm_", "clip_grad_value_",
+           "lr_scheduler"]

@@ -109,7 +109,7 @@ class SyncBatchNorm(_BatchNorm):
         return batch_norm(x, *self._running(), self.weight, self.bias, True, factor,
                           self.eps, group=self._reducer())
 
-    # -- the joinable protocol (parallel/join.py) --------------------------------------
+    # -- the joinable protocol (data_parallel/join.py) ----------------------------------
     def join_shadow(self):
         """A rank out of data answers one iteration's reductions with zeros."""
         chain = self._join_chain or [self]
@@ -163,11 +163,11 @@ def _contained(inner, outer):
     return all(r != dist.mpi().UNDEFINED for r in where)
 
 
-def attach(ddp, model, comm):
+def attach(model, comm, before_shadow):
     """At DataParallel's wrap time: raise DistributedError on every rank of
     ``comm`` when a SyncBatchNorm's group is not contained in ``comm``; link
     the layers for ``join`` (forwards in module order, then the backwards
-    in reverse, after ``ddp``'s buffer broadcast)."""
+    in reverse, after ``before_shadow()``: DataParallel's buffer broadcast)."""
     layers = [m for m in model.modules() if isinstance(m, SyncBatchNorm)]
     bad = [i for i, m in enumerate(layers) if not _contained(m.group_comm(), comm)]
     if dist.allreduce(int(bool(bad)), op="max", comm=comm):
@@ -181,4 +181,4 @@ def attach(ddp, model, comm):
     for m in layers:
         m._join_chain, m._join_hook = layers, None
     if layers:
-        layers[0]._join_hook = ddp._shadow_buffers
+        layers[0]._join_hook = before_shadow

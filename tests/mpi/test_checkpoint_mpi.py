@@ -12,7 +12,8 @@ import pytest
 from mpi4py import MPI
 
 import spmdnet as sn
-from spmdnet import checkpoint, checkpoint_io, dist, nn, optim
+from spmdnet import checkpoint, dist, nn, optim
+from spmdnet.checkpoint import files as checkpoint_io
 
 pytestmark = pytest.mark.mpi(min_size=2)
 Usage = namedtuple("Usage", "total used free")
@@ -20,7 +21,7 @@ Usage = namedtuple("Usage", "total used free")
 
 @pytest.fixture
 def shared(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(checkpoint, "_loaded_cleanly", {}, raising=False)
+    monkeypatch.setattr(checkpoint.directory, "loaded_cleanly", {})
     dist.init()
     path = tmp_path_factory.mktemp("ck") if dist.rank() == 0 else None
     return MPI.COMM_WORLD.bcast(str(path) if path else None, root=0)

@@ -13,7 +13,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
-from spmdnet.parallel import fsdp_units
+from spmdnet.parallel.fsdp import units as fsdp_units
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 

@@ -1,0 +1,51 @@
+"""Resuming a training run: what every example that checkpoints needs.
+
+    extra = resume(args.checkpoint_dir, model, optimizer, scheduler=scheduler,
+                   loader=loader, options=vars(args))
+    step = 0 if extra is None else extra["step"]
+    ...
+    save_checkpoint(args.checkpoint_dir + "/", model, optimizer, step=step,
+                    scheduler=scheduler, loader=loader, options=vars(args))
+
+``resume`` finds the newest checkpoint that verifies, makes sure every rank
+found the same one, loads it (model, optimizer, every rank's RNG, scheduler,
+loader position) and refuses to continue a run that was started with other
+options. A stop signal (``dist.StopSignal``) then a ``save_checkpoint`` and
+exit code 3 make a run that Slurm can requeue.
+"""
+import json
+
+from .. import distributed as dist
+from .directory import newest_verified
+from .reading import load_checkpoint
+
+
+def resume(path, model, optimizer=None, *, scheduler=None, loader=None, sampler=None,
+           options=None, comm=None, mesh=None):
+    """Continue from the newest checkpoint in the directory ``path``
+    (collectively); returns its ``extra`` dict (with ``step``), or None when
+    ``path`` is None or holds no checkpoint that verifies (a new run).
+
+    ``options`` (a JSON-able dict, saved by ``save_checkpoint(...,
+    options=...)``) must equal the saved ones: a difference raises ValueError
+    on every rank naming each differing option with its saved and its new
+    value, before anything is loaded. DistributedError when the ranks find
+    different newest checkpoints (a directory not shared by all ranks)."""
+    comm = dist.comm_or_default(comm)
+    found, contents = newest_verified(path) if path is not None else (None, None)
+    found = dist.check_same(comm, None if found is None else str(found), "newest checkpoint")
+    if found is None:
+        return None
+    if options is not None:
+        _check_options(found, contents[0]["extra"].get("options", {}), options)
+    return load_checkpoint(found, model, optimizer, sampler=sampler, loader=loader,
+                           scheduler=scheduler, comm=comm, mesh=mesh)
+
+
+def _check_options(path, saved, options):
+    now = json.loads(json.dumps(options))  # as saved: tuples become lists
+    differ = {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
+              if saved.get(k) != now.get(k)}
+    if differ:
+        raise ValueError(f"{path} was written with other options, (saved, now): {differ}; "
+                         "resume with the saved options or use another checkpoint directory")

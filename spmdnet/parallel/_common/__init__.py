@@ -1,0 +1,10 @@
+"""What the parallel strategies share, so none reads another's state:
+
+- ``flat``: ``FlatLayout`` (the flat-offset arithmetic: offsets, padding to
+  equal shards, views) and the grouping of parameters into buckets;
+- ``wrapping``: the same-model check at wrap time, the backward sentinel,
+  ``no_sync`` and the ``nonfinite=`` check agreed by all ranks;
+- ``requests``: polling and guarded waiting of non-blocking MPI requests;
+- ``norm``: the one cross-rank gradient norm behind every sharded
+  ``clip_grad_norm_`` and ``parallel.clip_grad_norm_``.
+"""

@@ -1,0 +1,90 @@
+"""One flat buffer holding many arrays: the flat-offset arithmetic, written once.
+
+Every strategy packs parameters (or their gradients) one after the other
+into one 1-D buffer: DataParallel's gradient buckets, ZeRO's parameter
+buffer and its gradient buckets, FSDP's flat shards, ``allreduce_gradients``.
+A ``FlatLayout`` is built whole from the arrays' shapes: each array's offset
+and size, the total, and the padding to ``parts`` equal shards (ZeRO, FSDP:
+rank r owns shard r). It makes views into a buffer and copies arrays in and
+out; the buffers themselves belong to the strategies.
+
+Parameters are grouped into buckets by ``assign_buckets`` (whole parameters,
+one dtype each, at most a byte cap), shared by DataParallel and ZeRO-2.
+"""
+import math
+from itertools import accumulate
+
+MB = 1024 * 1024
+FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
+
+
+class FlatLayout:
+    """Where each of some arrays (``shapes``, in order) lives in one flat
+    buffer, padded to a multiple of ``parts``."""
+
+    def __init__(self, shapes, parts=1):
+        if parts < 1:
+            raise ValueError(f"FlatLayout: parts must be at least 1, got {parts}")
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.numels = [math.prod(s) for s in self.shapes]
+        self.offsets = [0, *accumulate(self.numels)][:-1]
+        self.numel = sum(self.numels)
+        self.parts = parts
+        self.shard_numel = -(-self.numel // parts)  # ceil: the last shard is padded
+        self.padded_numel = self.shard_numel * parts
+
+    def slices(self):
+        """(offset, numel, shape) of each array, in order."""
+        return zip(self.offsets, self.numels, self.shapes)
+
+    def shard_range(self, rank):
+        """(lo, hi): the flat positions shard ``rank`` holds."""
+        return rank * self.shard_numel, (rank + 1) * self.shard_numel
+
+    def shard_of(self, flat, rank):
+        """Shard ``rank``'s part of the padded ``flat`` (a view)."""
+        lo, hi = self.shard_range(rank)
+        return flat[lo:hi]
+
+    def views(self, flat):
+        """Each array's view into ``flat`` (at least ``numel`` long), in its shape."""
+        return [flat[off:off + n].reshape(shape) for off, n, shape in self.slices()]
+
+    def pack(self, flat, arrays):
+        """Copy ``arrays`` into their places in ``flat``; a None leaves its place as it is."""
+        for (off, n, _), a in zip(self.slices(), arrays):
+            if a is not None:
+                flat[off:off + n] = a.reshape(-1)
+        return flat
+
+    def overlaps(self, lo, hi):
+        """(index, start, stop) of each array's part inside flat[lo:hi], as
+        positions within the array's flattened data (parts that are empty skipped)."""
+        for i, (off, n, _) in enumerate(self.slices()):
+            start, stop = max(off, lo), min(off + n, hi)
+            if start < stop:
+                yield i, start - off, stop - off
+
+
+def bucket_bytes(bucket_mb):
+    """(first bucket, other buckets) caps in bytes for a ``bucket_mb`` option."""
+    if bucket_mb <= 0:
+        raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+    return min(FIRST_BUCKET_MB, bucket_mb) * MB, bucket_mb * MB
+
+
+def assign_buckets(params, first_bytes, cap_bytes):
+    """Split ``params`` (already in reverse registration order) into lists,
+    each of one dtype and at most the cap (a larger parameter stands alone)."""
+    groups, current, size = [], [], 0
+    for p in params:
+        cap = first_bytes if not groups else cap_bytes
+        same_dtype = not current or current[0].data.dtype == p.data.dtype
+        if current and (not same_dtype or size + p.data.nbytes > cap):
+            groups.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.data.nbytes
+    if current:
+        groups.append(current)
+    return groups

@@ -1,0 +1,333 @@
+"""FullyShardedDataParallel: ZeRO-3, parameters, gradients and optimizer state 1/N per rank.
+
+``FullyShardedDataParallel(model, wrap={Block})``: every ``Block`` instance
+is its own shard unit, the rest of the model the root unit. A unit's
+parameters live as one flat shard per rank (one per dtype and parameter
+group, below; ``units.Flat``: padded to a
+multiple of the group size N, ceil(numel / N) elements each);
+``fsdp.parameters()`` yields these shards, so any optimizer updates only its
+1/N, and its state is 1/N too.
+
+Full parameters exist only while their unit runs. A wrapped unit is one
+autograd ``Function`` (``units.UnitRun``): all-gather, forward without a
+graph, free; in backward all-gather again, recompute the unit's forward with
+a graph, backpropagate, start the non-blocking reduce-scatter of the flat
+gradient into the shard's ``.grad`` (the mean over the group, as
+DataParallel; it travels during the earlier units' backward, polled from
+the parameters' gradient hooks, and is complete when backward returns),
+free. Gathered parameters and flat gradients are pooled buffers, reused
+from unit to unit and step to step (``units.Pool``). Only a unit's
+inputs are kept between forward and backward (activation checkpointing per
+unit: about one more forward of compute); ``state_dict`` works there too.
+The root unit, and every unit with ``reshard_after_forward=False``, is
+gathered for the whole forward and backward and reduced when backward ends.
+Parameters that get no gradient contribute zeros. All ranks must run the
+same units in the same order (as PyTorch's FSDP). A parameter shared by two
+units is an error; one shared inside a unit is fine.
+
+Parameter groups (minGPT's "no weight decay on biases and LayerNorm"): a
+shard is updated as one tensor, so ``param_groups=fn`` at construction
+splits each unit's parameters into one flat per distinct options dict
+``fn(name, p)`` (and dtype), each padded and sharded on its own
+(``wrap``); ``fsdp.param_groups()`` then returns the optimizer's
+groups.
+"""
+import numpy as np
+
+from ... import distributed as dist
+from ..._tensor import Tensor
+from ...backend import xp_of
+from ...autograd import is_grad_enabled, queue_callback
+from ...nn.module import Module
+from .._common.norm import clip_arrays_
+from .._common.wrapping import (BackwardSentinel, NoSync, agree_nonfinite, nonfinite_mode,
+                                wrapping)
+from .optim_state import full_optim_state, load_full_optim_state
+from .prefetch import Prefetcher, ReduceScatters
+from .units import Pool, Unit, UnitRun
+from .wrap import optimizer_groups, owners, policy, split_flats
+
+
+class FullyShardedDataParallel(NoSync, Module):
+    """Fully sharded data parallelism over ``comm`` (default: the world).
+
+    ``wrap``: module classes (or a predicate on modules) whose instances are
+    their own shard units. ``reshard_after_forward=False`` keeps every unit's
+    full parameters from its forward to the end of backward (no
+    recomputation, more memory). ``prefetch``: start the next unit's
+    all-gather while this one computes (``prefetch``). ``overlap``:
+    reduce-scatter each unit's gradient non-blocking as soon as its backward
+    is done, overlapped with the earlier units' backward (False: blocking,
+    for comparison). ``nonfinite``:
+    as DataParallel's ("ignore"/None, "raise" or "skip"), local gradients
+    checked before their reduce-scatter, the decision agreed by all ranks.
+    ``param_groups``: ``fn(name, p)`` returning a dict of optimizer options
+    for an original parameter (``p`` shows its ``shape``, ``ndim``,
+    ``dim()``, ``dtype``), e.g. ``{"weight_decay": 0.0}`` for biases and
+    LayerNorm weights, ``{}`` for the defaults; each unit then holds one flat
+    shard per distinct options dict, and ``fsdp.param_groups()`` returns
+    ``[{"params": shards, **options}, ...]`` for the optimizer.
+    """
+
+    def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True,
+                 nonfinite="ignore", overlap=True, param_groups=None):
+        super().__init__()
+        self._group_fn = param_groups
+        self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
+        _, base, _ = wrapping(module, comm)
+        object.__setattr__(self, "module", module)  # not a submodule: its parameters are not ours
+        self.comm = dist.dup(base)
+        self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
+        for p in module.parameters():  # frozen ones too: they stay full on every rank
+            dist.broadcast(p.data, root=0, comm=self.comm)
+        for _, b in module.named_buffers():
+            dist.broadcast(b.data, root=0, comm=self.comm)
+        self.units = []
+        self._finish_scheduled = self._open_forward = False
+        self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
+        self.reducer = ReduceScatters(self.comm, overlap)
+        for uname, (mod, params) in owners(module, policy(wrap)).items():
+            flats = split_flats(params, self._group_fn, self.comm, source=self.prefetcher,
+                                pool=self.pool, check_nonfinite=self.nonfinite != "ignore")
+            if uname and not flats:
+                continue  # a wrapped module with no parameters of its own runs as it is
+            unit = Unit(uname, mod, flats, recompute=bool(uname) and reshard_after_forward)
+            self.units.append(unit)
+            if unit.recompute:
+                object.__setattr__(mod, "forward", self._runner(unit))
+        # MPICH progresses non-blocking collectives only inside MPI calls: every
+        # gradient accumulated into a unit parameter polls the requests in flight.
+        self._hooks = [p.register_post_accumulate_grad_hook(self._poke_hook)
+                       for f in self.flats() for p in f.params]
+        # The model's own state_dict would save its freed (zero-size) parameters:
+        # on the wrapped model, as on the wrapper, it is the gathered full state.
+        object.__setattr__(module, "state_dict", self.state_dict)
+        object.__setattr__(module, "load_state_dict", self.load_state_dict)
+        for i, unit in enumerate(self.units):
+            for j, f in enumerate(unit.flats):
+                self.register_parameter(f"shard_{i}_{j}", f.shard)
+
+    def _runner(self, unit):
+        def run(*args, **kwargs):
+            if not is_grad_enabled():
+                unit.gather()
+                try:
+                    return _owned(unit.forward(*args, **kwargs), [unit])
+                finally:
+                    unit.free()
+            bad = [type(a).__name__ for a in args if not isinstance(a, Tensor)]
+            if bad:
+                raise TypeError(f"FSDP unit {unit.name!r}: positional arguments must be "
+                                f"Tensors, got {bad} (pass other values as keywords)")
+            shards = [f.shard for f in unit.flats]
+            return UnitRun.apply(*shards, *args, unit=unit, n_shards=len(shards),
+                                 kwargs=kwargs, owner=self)
+        return run
+
+    # -- forward / backward ----------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        kept = [u for u in self.units if not u.recompute]
+        grad = is_grad_enabled()
+        self._open_forward = False
+        self.prefetcher.begin("forward")
+        for unit in kept:
+            unit.gather()
+            if grad:
+                unit.open_grads()
+        for unit in self.units:
+            unit.ran_backward = False
+        try:
+            out = self.module(*args, **kwargs)
+        except BaseException:
+            self._free(kept)
+            raise
+        finally:
+            self.prefetcher.end()
+        if grad and getattr(out, "requires_grad", False):
+            self._open_forward = True
+            return BackwardSentinel.apply(out, on_backward=self._schedule_finish)
+        out = _owned(out, kept)
+        self._free(kept)
+        return out
+
+    @staticmethod
+    def _free(units):
+        for unit in units:
+            unit.homes = None
+            unit.free()
+
+    def poke(self):
+        """Let MPI progress the gathers and reduce-scatters in flight."""
+        self.prefetcher.poke()
+        self.reducer.poke()
+
+    def _poke_hook(self, p):
+        self.poke()
+
+    def reduce_unit(self, unit):
+        """A wrapped unit's backward is done (``UnitRun``): complete the later
+        unit's reduce-scatter, which travelled meanwhile, and start this one's."""
+        self.reducer.wait_all()
+        unit.reduce_grads(self.require_backward_grad_sync, self.reducer)
+
+    def _schedule_finish(self):
+        if not self._finish_scheduled:
+            self._finish_scheduled = True
+            self.prefetcher.begin("backward")
+            queue_callback(self._finish)
+
+    def _finish(self):
+        """After backward: reduce the kept units; shards of units whose
+        backward did not run (no gradient reached them) get zeros."""
+        self._finish_scheduled = self._open_forward = False
+        self.prefetcher.end()
+        self.reducer.wait_all()
+        for unit in self.units:
+            if unit.recompute:
+                if not unit.ran_backward and self.require_backward_grad_sync:
+                    for f in unit.flats:
+                        if f.acc is None:
+                            f.add_grad(f.xp.zeros_like(f.shard.data))
+                        else:
+                            self.reducer.start(f, f.prepare(f.xp.zeros_like(f.acc), True))
+                continue
+            if unit.homes is None:
+                continue
+            unit.reduce_grads(self.require_backward_grad_sync, self.reducer)
+            unit.free()
+        self.reducer.wait_all()
+        if self.require_backward_grad_sync:
+            self.steps += 1
+            if self.nonfinite != "ignore":
+                self._handle_nonfinite()
+
+    def _handle_nonfinite(self):
+        """A non-finite local gradient: NonFiniteError on every rank, or every
+        rank drops its shards' gradients (the optimizer skips the step)."""
+        bad = [n for f in self.flats() for n in f.bad]
+        for f in self.flats():
+            f.bad.clear()
+        if agree_nonfinite(bad, self.nonfinite, self.comm, self.steps - 1):
+            self._drop_grads()
+            self.skipped_steps += 1
+
+    def _drop_grads(self):
+        for f in self.flats():
+            f.shard.grad = None
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.module.train(mode)
+        return self
+
+    # -- parameters and gradients ----------------------------------------------------
+    def flats(self):
+        return [f for u in self.units for f in u.flats]
+
+    def param_groups(self, fn=None):
+        """The optimizer's parameter groups ``[{"params": shards, **options}]``:
+        by the ``param_groups`` function given at construction, or by ``fn``
+        (``fn(name, p)`` -> a dict of options). A flat shard is updated as one
+        tensor: when ``fn`` gives one flat's parameters different options,
+        ValueError (never a silent decay): pass it at construction instead."""
+        return optimizer_groups(self.flats(), fn)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Scale the shards' gradients so their global norm (any p > 0 or inf)
+        is at most ``max_norm``; returns the norm before clipping, the same on
+        all ranks (collective)."""
+        grads = [f.shard.grad.data for f in self.flats() if f.shard.grad is not None]
+        return clip_arrays_(grads, max_norm, norm_type, self.comm)
+
+    # -- state -----------------------------------------------------------------------
+    def state_dict(self, rank0_only=False):
+        """The full state with the original model's keys (every rank, or rank 0
+        only). Between forward and backward too: units whose full parameters
+        a pending backward holds stay as they are (not gathered, not freed)."""
+        gathered = [f for f in self.flats() if not f.live]
+        for f in gathered:
+            f.gather()
+        try:
+            state = Module.state_dict(self.module)
+        finally:
+            for f in gathered:
+                f.free()
+        return {} if rank0_only and self.rank else state
+
+    def load_state_dict(self, state, strict=True):
+        """Load a full state (as ``state_dict`` returns) and keep this rank's
+        shards. Not between forward and backward (RuntimeError): the pending
+        backward would recompute or differentiate with other parameters."""
+        if self._open_forward:
+            raise RuntimeError("FSDP.load_state_dict called between forward and backward: "
+                               "the pending backward needs the parameters its forward "
+                               "used; run backward first (or the forward under no_grad)")
+        fulls = [(f, f.gather()) for f in self.flats()]
+        try:
+            result = Module.load_state_dict(self.module, state, strict=strict)
+            for f, full in fulls:
+                f.load_full(full)
+        finally:
+            for f, _ in fulls:
+                f.free()
+        return result
+
+    def sharded_state_dict(self):
+        """This rank's shards and the model's buffers, for a per-rank checkpoint."""
+        return {"world_size": self.size,
+                "shards": [np.array(f.shard.data, copy=True) for f in self.flats()],
+                "buffers": {k: np.array(b.data, copy=True)
+                            for k, b in self.module.named_buffers()}}
+
+    def load_sharded_state_dict(self, state):
+        if state["world_size"] != self.size or len(state["shards"]) != len(self.flats()):
+            raise ValueError(f"load_sharded_state_dict: saved by {state['world_size']} ranks "
+                             f"with {len(state['shards'])} shards, this model has {self.size} "
+                             f"ranks and {len(self.flats())} shards (load a full state instead)")
+        for f, arr in zip(self.flats(), state["shards"]):
+            if arr.shape != f.shard.shape:
+                raise ValueError(f"load_sharded_state_dict: shard of {f.names} has shape "
+                                 f"{arr.shape}, expected {f.shard.shape}")
+            f.shard.data[...] = f.xp.asarray(arr)
+        for k, b in self.module.named_buffers():
+            b.data[...] = xp_of(b.data).asarray(state["buffers"][k])
+
+    def optim_state_dict(self, opt):
+        """``opt``'s full state keyed by the original parameter names (collective)."""
+        return full_optim_state(self.flats(), opt)
+
+    def load_optim_state_dict(self, opt, state):
+        """Load a full optimizer state (``optim_state_dict``) into ``opt``'s shards."""
+        load_full_optim_state(self.flats(), opt, state)
+
+    def close(self):
+        """Give the model back its full parameters and its own forward and
+        state_dict methods; free the communicator (collective)."""
+        for f in self.flats():
+            f.gather()
+            for p in f.params:
+                p.grad_buffer = None
+                p.grad = None
+        for unit in self.units:
+            unit.module.__dict__.pop("forward", None)
+        self.pool.clear()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for attr in ("state_dict", "load_state_dict"):
+            self.module.__dict__.pop(attr, None)
+        if self.comm is not None:
+            dist.free(self.comm)
+            self.comm = None
+
+
+def _owned(out, units):
+    """``out`` (a unit's or the model's output) without views of the units'
+    gathered parameters, which go back to the pool when freed."""
+    if not isinstance(out, Tensor):
+        return out
+    data = out.data
+    for unit in units:
+        data = unit.own(data)
+    return out if data is out.data else Tensor(data)

@@ -1,0 +1,132 @@
+"""Non-blocking collectives of FullyShardedDataParallel: prefetching
+all-gathers (``Prefetcher``) and overlapped gradient reduce-scatters
+(``ReduceScatters``).
+
+A step gathers the flat shards in an order that repeats from step to step
+(forward: the units in execution order; backward: their recomputations in
+reverse). The ``Prefetcher`` records each phase's order; in the next step,
+while the gathers follow the recorded order, gathering flat k starts the
+non-blocking all-gather (``Iallgather``) of flat k+1, so it travels while
+unit k computes. Every started request is completed: by the gather that
+uses it, or when the phase ends (a wrong guess costs one unused gather and
+keeps the collectives matched, since every rank guesses alike). Shards do
+not change inside a phase, so a prefetched copy is never stale.
+
+MPICH progresses non-blocking collectives only inside MPI calls: every
+gather and ``poke()`` tests the requests in flight. Device (CuPy) shards use
+blocking gathers (the host staging of ``dist.allgather``).
+
+Both start their requests on the raw communicator and complete them inside
+``dist.guarded`` (as DataParallel's reducer), in start order on every rank,
+so the sequence numbers, the check mode and the watchdog see every one.
+``wait_s`` sums the seconds spent waiting (the exposed communication:
+``Wait()`` of non-blocking requests, and the whole of blocking calls).
+"""
+import time
+
+from ... import distributed as dist
+from ...backend import is_cupy_array
+from .._common.requests import guarded_wait, progress
+
+
+class Prefetcher:
+    def __init__(self, comm, enabled):
+        self.comm, self.enabled = comm, enabled and comm.Get_size() > 1
+        self.last = {}  # phase -> [flat] gathered in that phase last time
+        self.phase, self.seen, self.pending = None, [], {}
+        self.hits, self.wait_s = 0, 0.0
+
+    def begin(self, phase):
+        """Start a phase; its first flat's gather starts at once (known from last time)."""
+        self.end()
+        self.phase = phase
+        order = self.last.get(phase, ())
+        if self.enabled and order and not is_cupy_array(order[0].shard.data):
+            self._start(order[0])
+
+    def end(self):
+        """Complete every request in flight; remember this phase's order."""
+        for flat in list(self.pending):
+            flat.give(self._wait(flat))  # a wrong guess: the buffer goes back to the pool
+        if self.phase is not None:
+            self.last[self.phase] = self.seen
+        self.phase, self.seen = None, []
+
+    def fetch(self, flat):
+        """The full (padded) flat array of ``flat``: prefetched or gathered now."""
+        full = self._wait(flat) if flat in self.pending else None
+        if full is None:
+            t0 = time.perf_counter()
+            full = flat.gather_params()
+            self.wait_s += time.perf_counter() - t0
+        else:
+            self.hits += 1
+        if self.phase is None:
+            return full
+        self.seen.append(flat)
+        order, i = self.last.get(self.phase, ()), len(self.seen)
+        if (self.enabled and i < len(order) and order[i - 1] is flat
+                and order[i] not in self.pending and not is_cupy_array(order[i].shard.data)):
+            self._start(order[i])
+        return full
+
+    def poke(self):
+        progress(req for req, _ in self.pending.values())
+
+    def _start(self, flat):
+        buf = flat.take()
+        req = self.comm.Iallgather(flat.shard.data, buf)
+        self.pending[flat] = (req, buf)
+        self.poke()  # a first progress call: the transfer starts before the next compute
+
+    def _wait(self, flat):
+        req, buf = self.pending.pop(flat)
+        self.wait_s += guarded_wait("allgather(FSDP prefetch)", self.comm, req, buf)
+        return buf
+
+
+class ReduceScatters:
+    """Gradient reduce-scatters in flight: ``start(flat, full)`` begins the
+    sum of the full flat gradient over the group, in place
+    (``Ireduce_scatter_block(IN_PLACE)``: this rank's slice lands at the
+    start of ``full``, no receive buffer); ``wait_all()`` completes them in
+    start order, divides by the group size (the mean, as DataParallel) and
+    adds each slice to its shard's ``.grad``. ``enabled=False`` (or CuPy
+    buffers): blocking ``dist.reduce_scatter`` at ``start``."""
+
+    def __init__(self, comm, enabled=True):
+        self.comm, self.size = comm, comm.Get_size()
+        self.enabled = enabled
+        self.pending = []  # (flat, request, full gradient)
+        self.wait_s = 0.0
+
+    def start(self, flat, full):
+        if full is None:  # no_sync: the local gradient stays in flat.acc
+            return
+        if self.size == 1:
+            owned = flat.shard.grad is None  # the shard's new .grad is the flat itself
+            flat.add_grad(full)
+            if not owned:
+                flat.give(full)
+        elif not self.enabled or is_cupy_array(full):
+            t0 = time.perf_counter()
+            flat.add_grad(dist.reduce_scatter(full, op="mean", comm=self.comm))
+            self.wait_s += time.perf_counter() - t0
+            flat.give(full)
+        else:
+            req = self.comm.Ireduce_scatter_block(dist.mpi().IN_PLACE, full, dist.mpi().SUM)
+            self.pending.append((flat, req, full))
+            self.poke()
+
+    def poke(self):
+        progress(entry[1] for entry in self.pending)
+
+    def wait_all(self):
+        while self.pending:
+            flat, req, full = self.pending.pop(0)
+            self.wait_s += guarded_wait("reduce_scatter(FSDP gradient)", self.comm, req, full)
+            mine = full[:flat.layout.shard_numel]
+            mine /= self.size
+            # a new .grad is a copy: a view would keep the whole flat gradient alive
+            flat.add_grad(mine if flat.shard.grad is not None else mine.copy())
+            flat.give(full)

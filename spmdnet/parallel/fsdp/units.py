@@ -1,0 +1,281 @@
+"""Shard units of ``FullyShardedDataParallel``: flat shards, gather, reduce-scatter.
+
+A ``Flat`` holds some parameters of one unit as ONE flat shard per rank: the
+parameters raveled one after the other, zero-padded to a multiple of the
+group size N, this rank's 1/N slice kept as a ``Parameter`` (what the
+optimizer updates). Between uses the original parameters hold zero-size
+arrays; ``gather`` all-gathers the shard into a full array and points each
+parameter's ``.data`` at its view; ``free`` drops it again. Full arrays and
+flat gradients come from a ``Pool`` and go back to it when freed (or, for
+gradients, when their reduce-scatter is done): a step reuses the same few
+buffers instead of allocating (and page-faulting) new ones. A unit's output
+that is a view of its gathered parameters is copied before they are freed.
+
+A ``Unit`` is a module whose parameters form their own flats (the wrap
+policy), or the root. Wrapped units run through ``UnitRun``, one autograd
+``Function`` per call: its forward gathers, runs the module without
+recording a graph (no op can save a full parameter) and frees; its backward
+gathers again, re-runs the module's forward with a graph (activation
+recomputation, restoring the RNG state and the module's buffers, so dropout
+masks and running statistics are those of the first run), backpropagates the
+output gradient into a flat gradient buffer, starts its non-blocking
+reduce-scatter (the mean over the group, as DataParallel; completed before
+backward returns, see ``prefetch.ReduceScatters``) and frees. At most
+one unit's reduce-scatter is in flight when the next starts: it travels
+while the next unit (the previous one in forward order) recomputes and
+backpropagates.
+"""
+from ... import distributed as dist
+from ... import random as sn_random
+from ..._tensor import Tensor
+from ...autograd import Function, enable_grad, no_grad
+from ...backend import is_cupy_array, xp_of
+from ...nn import Parameter
+from .._common.flat import FlatLayout
+from .._common.wrapping import nonfinite_names
+
+
+class Pool:
+    """Free flat buffers by (array module, length, dtype), reused by ``take``."""
+
+    def __init__(self):
+        self.stacks = {}
+
+    @staticmethod
+    def _key(xp, n, dtype):
+        return xp.__name__, int(n), str(dtype)
+
+    def take(self, xp, n, dtype):
+        stack = self.stacks.get(self._key(xp, n, dtype))
+        return stack.pop() if stack else xp.empty(n, dtype)
+
+    def give(self, buf):
+        self.stacks.setdefault(self._key(xp_of(buf), buf.size, buf.dtype), []).append(buf)
+
+    def nbytes(self):
+        return sum(b.nbytes for stack in self.stacks.values() for b in stack)
+
+    def clear(self):
+        self.stacks.clear()
+
+
+class Flat:
+    """One flat shard: ``params`` (with ``names``) of one dtype, in order,
+    laid out by a ``FlatLayout`` padded to the group size; this rank's slice
+    is the ``shard`` Parameter. ``options``: the optimizer options of its
+    parameters (its parameter group); ``source``: the ``Prefetcher`` that
+    gathers it (None: blocking gathers); ``pool``: the ``Pool`` of its full
+    buffers (None: new ones); ``check_nonfinite``: note in ``bad`` the names
+    of parameters whose local gradient has NaN or Inf."""
+
+    def __init__(self, names, params, comm, options=None, source=None, pool=None,
+                 check_nonfinite=False):
+        self.names, self.params, self.comm = names, params, comm
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.layout = FlatLayout([p.shape for p in params], parts=self.size)
+        first = params[0].data
+        self.xp, self.dtype = xp_of(first), first.dtype
+        full = self.layout.pack(self.xp.zeros(self.layout.padded_numel, self.dtype),
+                                [p.data for p in params])
+        self.shard = Parameter(self.layout.shard_of(full, self.rank).copy())
+        self.options = dict(options or {})
+        self.source, self.pool = source, pool
+        self.bad = [] if check_nonfinite else None
+        self.acc = None  # the local full gradient kept across no_sync() steps
+        self.full = None  # the gathered full array while the parameters view it
+        self.free()
+
+    @property
+    def numel(self):
+        return self.layout.numel
+
+    @property
+    def shapes(self):
+        return self.layout.shapes
+
+    def take(self):
+        """An uninitialised full-length flat buffer (from the pool when set)."""
+        n = self.layout.padded_numel
+        return self.pool.take(self.xp, n, self.dtype) if self.pool else self.xp.empty(n, self.dtype)
+
+    def give(self, buf):
+        if self.pool is not None:
+            self.pool.give(buf)
+
+    # -- parameters ------------------------------------------------------------------
+    def allgather(self, shard=None):
+        """A new full (padded) flat array: every rank's shard (or ``shard``, an
+        array of the shard's shape such as an optimizer state), in rank order."""
+        shard = self.shard.data if shard is None else shard
+        if self.size == 1:
+            return shard.copy()
+        return dist.allgather(shard, comm=self.comm).reshape(-1)
+
+    def gather_params(self):
+        """The full flat parameters, all-gathered (blocking) into a pooled buffer."""
+        if is_cupy_array(self.shard.data):
+            return self.allgather()
+        buf = self.take()
+        if self.size == 1:
+            buf[...] = self.shard.data
+            return buf
+        with dist.guarded("allgather(FSDP parameters)", self.comm, self.shard.data):
+            self.comm.Allgather(self.shard.data, buf)
+        return buf
+
+    def gather(self):
+        """All-gather the shard (through ``source``, the prefetcher, when set);
+        point every parameter at its view. Returns the full array."""
+        full = self.source.fetch(self) if self.source is not None else self.gather_params()
+        self.view(full)
+        return full
+
+    @property
+    def live(self):
+        """Whether the full parameters are gathered (the parameters view ``full``)."""
+        return self.full is not None
+
+    def view(self, full):
+        self.full = full
+        for p, view in zip(self.params, self.layout.views(full)):
+            p.data = view
+
+    def free(self):
+        """Full parameters and gradients dropped: zero-size arrays remain."""
+        if self.full is not None:
+            self.give(self.full)
+            self.full = None
+        for p in self.params:
+            p.data = self.xp.empty(0, self.dtype)
+            p.grad_buffer = None
+            p.grad = None
+
+    def load_full(self, full):
+        """Keep this rank's slice of a full flat array as the shard."""
+        self.shard.data[...] = self.layout.shard_of(full, self.rank)
+
+    # -- gradients -------------------------------------------------------------------
+    def grad_homes(self):
+        """A zero flat gradient buffer; each parameter's ``grad_buffer`` a view of it."""
+        flat = self.take()
+        flat[...] = 0
+        for p, view in zip(self.params, self.layout.views(flat)):
+            p.grad = None
+            p.grad_buffer = Tensor(view)
+        return flat
+
+    def prepare(self, flat, sync):
+        """``flat`` (the local full gradient plus what ``no_sync`` steps kept),
+        ready to reduce-scatter; None when ``sync`` is False (kept in ``acc``
+        for the next sync step). Notes non-finite parameters in ``bad``."""
+        views = self.layout.views(flat)
+        for p, view in zip(self.params, views):
+            if p.grad is not None and p.grad.data is not p.grad_buffer.data:
+                view[...] = p.grad.data  # a replaced .grad
+        if self.acc is not None:
+            flat += self.acc
+            self.give(self.acc)
+            self.acc = None
+        if not sync:
+            self.acc = flat
+            return None
+        if self.bad is not None:
+            self.bad += nonfinite_names(flat, views, self.names)
+        return flat
+
+    def add_grad(self, g):
+        """Accumulate a reduced gradient slice into the shard's ``.grad``."""
+        if g is None:
+            return
+        if self.shard.grad is None:
+            self.shard.grad = Tensor(g)
+        else:
+            self.shard.grad.data += g
+
+
+class Unit:
+    """A module whose own parameters (not those of nested units) form flats."""
+
+    def __init__(self, name, module, flats, recompute):
+        self.name, self.module, self.flats, self.recompute = name, module, flats, recompute
+        self.forward = type(module).forward.__get__(module)
+        self.homes = None  # flat gradient buffers while a graph holds the full parameters
+        self.ran_backward = False
+
+    def gather(self):
+        for f in self.flats:
+            f.gather()
+
+    def free(self):
+        for f in self.flats:
+            f.free()
+
+    def own(self, array):
+        """``array``, or a copy when it is a view of the gathered parameters
+        (which go back to the pool when freed)."""
+        xp = xp_of(array)
+        if any(f.full is not None and xp.may_share_memory(array, f.full) for f in self.flats):
+            return array.copy()
+        return array
+
+    def open_grads(self):
+        self.homes = [f.grad_homes() for f in self.flats]
+
+    def reduce_grads(self, sync, reducer):
+        """Start the reduce-scatters of the flat gradients (``reducer``: a
+        ``prefetch.ReduceScatters``; nothing under no_sync)."""
+        homes, self.homes = self.homes, None
+        for f, h in zip(self.flats, homes):
+            reducer.start(f, f.prepare(h, sync))
+
+
+def _buffers_snapshot(module):
+    return [(b, b.data.copy()) for b in module.buffers()]
+
+
+class UnitRun(Function):
+    """Run a wrapped unit: forward without a graph, backward by recomputation."""
+
+    def forward(self, *arrays, unit=None, n_shards=0, kwargs=None, owner=None):
+        self.unit, self.kwargs, self.owner = unit, kwargs or {}, owner
+        self.inputs = arrays[n_shards:]
+        self.rng = sn_random.get_rng_state()
+        unit.gather()
+        try:
+            with no_grad():
+                out = unit.forward(*[Tensor(x) for x in self.inputs], **self.kwargs)
+            if isinstance(out, Tensor):
+                out = Tensor(unit.own(out.data))
+        finally:
+            unit.free()
+        owner.poke()
+        if not isinstance(out, Tensor):
+            raise TypeError(f"FSDP unit {unit.name!r} must return one Tensor, "
+                            f"got {type(out).__name__}")
+        return out.data
+
+    def backward(self, g):
+        unit, owner = self.unit, self.owner
+        n = len(unit.flats)
+        needs = self.needs_input_grad[n:]
+        kept_rng, buffers = sn_random.get_rng_state(), _buffers_snapshot(unit.module)
+        unit.gather()
+        unit.open_grads()
+        try:
+            sn_random.set_rng_state(self.rng)
+            xs = [Tensor(x, requires_grad=need) for x, need in zip(self.inputs, needs)]
+            with enable_grad():
+                out = unit.forward(*xs, **self.kwargs)
+            owner.poke()
+            if out.requires_grad:
+                out.backward(g)
+        finally:
+            sn_random.set_rng_state(kept_rng)
+            for b, saved in buffers:
+                b.data[...] = saved
+        owner.reduce_unit(unit)
+        unit.free()
+        unit.ran_backward = True
+        owner.poke()
+        xgrads = tuple(None if x.grad is None else x.grad.data for x in xs)
+        return (None,) * n + xgrads

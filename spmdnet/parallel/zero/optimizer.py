@@ -1,0 +1,201 @@
+"""ZeroRedundancyOptimizer: ZeRO stages 1 and 2, PyTorch's name and usage.
+
+All parameters become views into one flat buffer, padded to a multiple of
+the communicator size P and cut into P equal shards; rank r owns shard r.
+``step()`` runs the wrapped optimizer on this rank's shard only (so its
+state, e.g. Adam's two moments, takes 1/P of the memory), then one
+in-place Allgather of the flat buffer gives every rank every parameter.
+
+How the gradients arrive (``stage`` and ``reduce_gradients``):
+- ``stage=1`` over DataParallel (default): gradients are already averaged;
+  each rank reads its shard of them. Every rank keeps all gradients (Ψ).
+- ``stage=1, reduce_gradients=True``, without DataParallel: at ``step()`` one
+  Reduce_scatter of a full flat gradient buffer hands each rank its averaged
+  shard: ZeRO-2's communication, but backward still builds every full
+  gradient.
+- ``stage=2``, without DataParallel: ZeRO-2. Gradients are reduce-scattered
+  bucket by bucket *during* backward (non-blocking, see ``grads``) and
+  each parameter's full ``.grad`` is dropped in its hook, so between steps a
+  rank keeps only its gradient shard (Ψ/P; ``.grad`` is None on every
+  parameter). Clip with ``zo.clip_grad_norm_(max_norm)`` (the global norm
+  over the shards). Reduce-scatter + allgather move the bytes of one
+  allreduce, as plain data parallelism.
+"""
+from itertools import accumulate
+
+from ... import distributed as dist
+from ..._tensor import Tensor
+from ...backend import xp_of
+from ...nn.parameter import Parameter
+from ...nn.utils.clip_grad import clip_grad_norm_
+from ...optim import Adam
+from .._common.flat import FlatLayout
+from .._common.norm import clip_arrays_
+from .grads import DATA_PARALLEL_CLASH, GradientReduceScatter
+from .state import full_state_dict, load_full_state_dict
+
+
+class ZeroRedundancyOptimizer:
+    """Shard ``optimizer_class``'s state over ``comm`` (ZeRO-1), and with
+    ``stage=2`` the gradients too (ZeRO-2; ``bucket_mb`` caps a bucket of the
+    reduce-scatter during backward; ``close()`` removes its hooks).
+
+    ``params``: parameters, or parameter groups (dicts with ``"params"`` and
+    options, e.g. no weight decay on biases). The flat buffer holds the groups
+    one after another; the wrapped optimizer gets one group per group, whose
+    one parameter is the group's part of this rank's shard (``shard_params``;
+    possibly empty)."""
+
+    def __init__(self, params, optimizer_class=Adam, comm=None, reduce_gradients=False,
+                 stage=1, bucket_mb=25.0, **defaults):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroRedundancyOptimizer stage must be 1 or 2, got {stage!r} "
+                             "(stage 3 is parallel.FullyShardedDataParallel)")
+        self.groups = _param_groups(params)
+        self.params = [p for g in self.groups for p in g["params"]]
+        if not self.params:
+            raise ValueError("ZeroRedundancyOptimizer got no parameters that require grad")
+        if len({id(p) for p in self.params}) != len(self.params):
+            raise ValueError("ZeroRedundancyOptimizer: a parameter appears more than once "
+                             "(twice in one group, or in two groups), as torch.optim refuses")
+        dtypes = {str(p.data.dtype) for p in self.params}
+        if len(dtypes) != 1:
+            raise ValueError(f"ZeroRedundancyOptimizer needs one dtype, got {sorted(dtypes)}")
+        self.comm = dist.comm_or_default(comm)
+        self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.stage, self.reduce_gradients = stage, reduce_gradients or stage == 2
+        if stage == 2 and any(getattr(p, "grad_buffer", None) is not None for p in self.params):
+            raise ValueError(DATA_PARALLEL_CLASH)
+        self._build_flat()
+        self.optim = optimizer_class([dict(g, params=[p]) for g, p in
+                                      zip(self.groups, self.shard_params)], **defaults)
+        self.defaults = self.optim.defaults
+        self.param_groups = self.optim.param_groups
+        self._grads = GradientReduceScatter(self, bucket_mb) if stage == 2 else None
+
+    def _build_flat(self):
+        """One padded flat buffer; every parameter's data becomes a view of it."""
+        first = self.params[0].data
+        xp = xp_of(first)
+        self.layout = FlatLayout([p.data.shape for p in self.params], parts=self.size)
+        self.flat = self.layout.pack(xp.zeros(self.layout.padded_numel, dtype=first.dtype),
+                                     [p.data for p in self.params])
+        for p, view in zip(self.params, self.layout.views(self.flat)):
+            p.data = view  # from now on updated in place by the allgather
+        self.lo, self.hi = self.layout.shard_range(self.rank)
+        self.grad_shard = xp.zeros(self.layout.shard_numel, dtype=first.dtype)
+        # per group: its part of this rank's shard (the last group takes the padding)
+        ends = [0] + list(accumulate(sum(p.data.size for p in g["params"])
+                                     for g in self.groups))
+        ends[-1] = self.flat.size
+        self.segments = [(min(max(a, self.lo), self.hi), min(max(b, self.lo), self.hi))
+                         for a, b in zip(ends[:-1], ends[1:])]
+        self.shard_params = [Parameter(self.flat[a:b]) for a, b in self.segments]
+        self._shard_grads = [Tensor(self.grad_shard if (a, b) == (self.lo, self.hi) else
+                                    self.grad_shard[a - self.lo:b - self.lo])
+                             for a, b in self.segments]  # the shards' .grad, made once
+
+    @property
+    def shard_param(self):
+        """The shard Parameter of a single parameter group (what the optimizer updates)."""
+        if len(self.shard_params) != 1:
+            raise AttributeError(f"shard_param: {len(self.shard_params)} parameter groups; "
+                                 "use shard_params")
+        return self.shard_params[0]
+
+    # -- the step --------------------------------------------------------------------
+    def zero_grad(self, set_to_none=True):
+        if self._grads is not None:
+            self.grad_shard[...] = 0
+            self._grads.fresh = True
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        if self._grads is not None:
+            self._grads.reduce_if_idle()
+        elif self.reduce_gradients:
+            self._reduce_scatter_grads()
+        else:
+            self._copy_grad_shard()
+        for param, grad in zip(self.shard_params, self._shard_grads):
+            param.grad = grad
+        self.optim.step()
+        self._allgather_params()
+        return loss
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Scale the gradients so their global norm (any p > 0 or inf) is at
+        most ``max_norm``; returns the norm before clipping, the same on every rank.
+        Stage 2: over the gradient shards (collective: every rank calls it,
+        after backward and before ``step()``). Stage 1 over DataParallel: the
+        replicated gradients, as ``nn.utils.clip_grad_norm_``."""
+        if self._grads is None:
+            if self.reduce_gradients:
+                raise ValueError("clip_grad_norm_ with reduce_gradients=True: the gradients "
+                                 "are reduced only inside step(); use stage=2")
+            return clip_grad_norm_(self.params, max_norm, norm_type)
+        self._grads.join_if_idle()  # a rank whose backward reached no parameter
+        return clip_arrays_([self.grad_shard], max_norm, norm_type, self.comm)
+
+    def grad_bytes(self):
+        """Bytes of gradient arrays this rank holds: stage 2, its shard (plus
+        staging buffers in flight); stage 1, also the parameters' full gradients."""
+        if self._grads is not None:
+            return self._grads.grad_bytes()
+        return self.grad_shard.nbytes + sum(p.grad.data.nbytes for p in self.params
+                                            if p.grad is not None)
+
+    def close(self):
+        """Stage 2: remove the gradient hooks and free the private communicator."""
+        if self._grads is not None:
+            self._grads.close()
+
+    def _copy_grad_shard(self):
+        """This rank's shard of the (already averaged) full gradients."""
+        self.grad_shard[...] = 0
+        for i, start, stop in self.layout.overlaps(self.lo, self.hi):
+            p = self.params[i]
+            if p.grad is not None:
+                at = self.layout.offsets[i] + start - self.lo
+                self.grad_shard[at:at + stop - start] = p.grad.data.reshape(-1)[start:stop]
+
+    def _reduce_scatter_grads(self):
+        full = self.layout.pack(xp_of(self.flat).zeros_like(self.flat),
+                                [None if p.grad is None else p.grad.data for p in self.params])
+        self.grad_shard[...] = dist.reduce_scatter(full, op="mean", comm=self.comm)
+
+    def _allgather_params(self):
+        in_place = dist.mpi().IN_PLACE
+        with dist.guarded("allgather(zero parameters)", self.comm, self.flat):
+            dist.on_host(self.flat, lambda buf: self.comm.Allgather(in_place, buf))
+
+    # -- state ---------------------------------------------------------------------
+    def state_bytes(self):
+        """Bytes of optimizer state this rank holds (the saving is ~1/P)."""
+        return sum(v.nbytes for p in self.shard_params
+                   for k, v in self.optim.state.get(p, {}).items()
+                   if hasattr(v, "nbytes") and not k.startswith("_"))
+
+    def state_dict(self):
+        """The full, unsharded optimizer state (collective: every rank calls it),
+        laid out like the wrapped optimizer's own state_dict over the parameter groups."""
+        return full_state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        """Load a full (unsharded) state: each rank keeps its shard."""
+        load_full_state_dict(self, state_dict)
+
+
+def _param_groups(params):
+    """[{"params": [trainable parameters], **options}, ...] from parameters or groups."""
+    params = list(params)
+    groups = [dict(g) for g in params] if params and isinstance(params[0], dict) else [
+        {"params": params}]
+    for g in groups:
+        g["params"] = [p for p in g["params"] if p.requires_grad]
+    return groups
