@@ -1,13 +1,30 @@
 """What the GPT trainers beside this file share besides the model: their
-options, the text data, validation, sampling and the final check."""
+options, the text data, the optimizer and schedule, the training loop with
+its checkpoints, validation, sampling and the final check.
+
+With no --data it trains on the text the package ships (public-domain prose,
+no download); --data FILE takes any text file. Prints the train and
+validation losses and tokens per second every --eval-every steps, then a
+sample of generated text, and exits 1 unless the validation loss is at most
+--max-ratio times the unigram entropy of the training text.
+
+--checkpoint-dir DIR checkpoints every --checkpoint-every steps and at the
+end, and resumes from the newest checkpoint there, exactly. On SIGTERM or
+SIGUSR1 it checkpoints after the current step and exits with code 3
+("stopped, resumable").
+"""
 import argparse
 import hashlib
 import json
+import math
+import time
 from pathlib import Path
 
 import numpy as np
 
-from spmdnet import cli, data, dist
+from spmdnet import cli, data, dist, optim
+from spmdnet.autograd import no_grad
+from spmdnet.checkpoint import check_checkpoint_dir, resume, save_checkpoint
 
 GLOBAL_BATCH = 32  # windows per step, by default
 NOT_OPTIONS = ("checkpoint_dir", "checkpoint_every", "stop_after", "data_dir", "sample_tokens",
@@ -16,7 +33,8 @@ NOT_OPTIONS = ("checkpoint_dir", "checkpoint_every", "stop_after", "data_dir", "
 
 def parser(description):
     """The options every trainer has."""
-    p = argparse.ArgumentParser(description=description.split("\n")[0])
+    p = argparse.ArgumentParser(description=description.split("\n")[0], epilog=__doc__.split(
+        "\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="a text file (default: the text the package ships)")
     p.add_argument("--data-dir", default="data", help="where the token files are written")
     p.add_argument("--steps", type=cli.positive_int, default=400)
@@ -44,6 +62,52 @@ def parser(description):
     return p
 
 
+def setup(p, argv, **sizes):
+    """Parse the options, start MPI and read the text: ``(args, mesh, training
+    windows, validation windows, tokenizer, unigram entropy)``. ``sizes`` are
+    the mesh's (``tp=``, ``pp=``); without them the mesh is None and every
+    rank is a data-parallel rank."""
+    args = p.parse_args(argv)
+    dist.init()
+    if args.checkpoint_dir:  # unusable: fail now, not at the first save
+        check_checkpoint_dir(args.checkpoint_dir)
+    mesh = None
+    if sizes:
+        try:
+            mesh = dist.Mesh(**{k: getattr(args, k) for k in sizes})
+        except ValueError as exc:  # a size does not divide the ranks
+            raise SystemExit(str(exc)) from None
+    dp_size = mesh.dp_size if mesh is not None else dist.size()
+    args.batch_size = args.batch_size or max(1, GLOBAL_BATCH // dp_size)
+    return (args, mesh, *text_data(args))
+
+
+def announce(args, mesh, n_params, tok, train_set, entropy, strategy=""):
+    """Print the run's shape (rank 0); returns the tokens trained per step."""
+    dp, tp, pp = (dist.size(), 1, 1) if mesh is None else (mesh.dp_size, mesh.tp_size,
+                                                              mesh.pp_size)
+    tokens_per_step = args.batch_size * args.block_size * dp
+    dist.print0(f"{dist.size()} ranks (dp {dp} x tp {tp} x pp {pp}{strategy}), {n_params} "
+                f"parameters, vocabulary {tok.vocab_size}, {len(train_set.tokens)} training "
+                f"characters, unigram entropy {entropy:.3f} nats, {tokens_per_step} tokens/step")
+    return tokens_per_step
+
+
+def adamw_with_schedule(param_groups, args):
+    """minGPT's AdamW and a linear warmup then cosine decay to lr/10."""
+    opt = optim.AdamW(param_groups, lr=args.lr, betas=(0.9, 0.95))
+    sched = optim.lr_scheduler.WarmupCosine(opt, min(args.warmup, args.steps), args.steps,
+                                            min_lr=args.lr / 10)
+    return opt, sched
+
+
+def loader(train_set, args, comm=None):
+    """This rank's windows: a DistributedSampler over ``comm`` (the data-parallel
+    group; the ranks of a TP group or of a pipeline read the same windows)."""
+    sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True, comm=comm)
+    return data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
+
+
 def options(args):
     """What a resumed run must share with the run it continues."""
     return {k: v for k, v in vars(args).items() if k not in NOT_OPTIONS}
@@ -68,16 +132,19 @@ def text_data(args):
     return train_set, val_set, tok, data.unigram_entropy(train_set.tokens, tok.vocab_size)
 
 
-def validate(loss_sum, val_set, comm=None):
+@no_grad()
+def validate(model, loss_sum, val_set, comm=None):
     """The mean loss over every validation window once, the windows split over
     the ranks of ``comm`` (the data-parallel ranks): exact. ``loss_sum(x, y)``
-    is the summed loss of a batch."""
+    is the summed loss of a batch, computed with ``model`` in eval mode."""
     comm = dist.comm_or_default(comm)
+    model.eval()
     total = np.zeros(2)  # loss sum, tokens
     index = data.shard_indices(len(val_set), comm.Get_rank(), comm.Get_size())
     for start in range(0, len(index), 64):  # the same number of batches on a TP group
         x, y = val_set[index[start:start + 64]]
         total += (loss_sum(x, y), y.size)
+    model.train()
     total = dist.allreduce(total, "sum", comm=comm)
     return total[0] / total[1]
 
@@ -105,6 +172,19 @@ def report(step, losses, val, lr, tokens_per_second):
                 f"lr {lr:.2e}  {tokens_per_second:.0f} tokens/s")
 
 
+def finish(args, model, logits, val, val_set, tok, entropy):
+    """After training: print --sample-tokens of generated text (``logits(x)``:
+    the whole model's logits of a batch of token ids, the same on every rank;
+    collective where the model is), then the loss check's exit code."""
+    if args.sample_tokens:
+        model.train(False)
+        with no_grad():
+            out = generate(logits, val_set.tokens[None, :1], args.sample_tokens,
+                           tok.vocab_size, args.block_size, args.seed)
+        dist.print0("sample:\n" + tok.decode(out[0]))
+    return loss_check(val, entropy, args.max_ratio)
+
+
 def loss_check(val, entropy, max_ratio):
     """The self-check at the end: the exit code is 1 unless the validation loss
     is at most ``max_ratio`` times the unigram entropy of the training text
@@ -114,3 +194,55 @@ def loss_check(val, entropy, max_ratio):
                           f"unigram entropy {entropy:.4f} = {limit:.4f}",
                           f"loss check passed: validation loss {val:.4f} <= {limit:.4f} "
                           f"({val / entropy:.3f} x the unigram entropy)")
+
+
+def train(args, model, opt, sched, loader, train_step, loss_sum, val_set, tokens_per_step,
+          comm=None, **where):
+    """The training loop every trainer shares: resume from --checkpoint-dir,
+    step, report every --eval-every steps (validating with ``loss_sum`` over
+    ``val_set`` split over ``comm``, the data-parallel ranks), checkpoint,
+    stop on a signal. ``where`` is the checkpoint's layout (``mesh=`` for
+    tp/pp). Returns ``(exit_code, val)``: exit code 3 when stopped resumable,
+    else None."""
+    def validate_all():
+        return validate(model, loss_sum, val_set, comm)
+
+    def save(step, losses):  # with every rank's losses since the last report
+        losses = dist.allgather(np.array(losses, np.float64)).tolist()
+        save_checkpoint(args.checkpoint_dir + "/", model, opt, step=step, loader=loader,
+                        scheduler=sched, options=options(args), losses=losses, **where)
+
+    extra = resume(args.checkpoint_dir, model, opt, scheduler=sched, loader=loader,
+                   options=options(args), **where)
+    step, losses = 0, []
+    if extra is not None:
+        step, losses = extra["step"], extra["losses"][dist.rank()]
+        dist.print0(f"resumed from {args.checkpoint_dir} at step {step}")
+    sampler = loader.sampler
+    stop = dist.StopSignal() if args.checkpoint_dir else None  # SIGTERM, SIGUSR1
+    val, t0, timed = float("nan"), time.perf_counter(), 0
+    while step < args.steps:
+        sampler.set_epoch(sampler.epoch)  # a resumed run continues its epoch
+        for x, y in data.progress(loader, f"epoch {sampler.epoch}"):
+            losses.append(train_step(x, y))
+            step, timed = step + 1, timed + 1
+            if step % args.eval_every == 0 or step == args.steps:
+                rate = timed * tokens_per_step / (time.perf_counter() - t0)
+                val = validate_all()
+                report(step, losses, val, sched.get_last_lr()[0], rate)
+                losses, t0, timed = [], time.perf_counter(), 0
+            stopping = step == args.stop_after or (stop is not None and stop.should_stop())
+            every = args.checkpoint_every and step % args.checkpoint_every == 0
+            if args.checkpoint_dir and (stopping or every or step == args.steps):
+                save(step, losses)
+            if stopping and step < args.steps:
+                dist.print0(f"stopped after step {step} with a checkpoint in "
+                            f"{args.checkpoint_dir}; run again to resume")
+                return 3, val  # "stopped, resumable"
+            if step == args.steps:
+                break
+        else:
+            sampler.set_epoch(sampler.epoch + 1)
+    if math.isnan(val):  # resumed from the final checkpoint: nothing left to train
+        val = validate_all()
+    return None, val
