@@ -72,14 +72,14 @@ def build(strategy, args):
 def persistent_bytes(params, opt):
     state = sum(v.nbytes for s in opt.state.values() for k, v in s.items()
                 if hasattr(v, "nbytes") and not k.startswith("_"))
-    grads = sum(p.grad.data.nbytes for p in params if p.grad is not None)
-    return sum(p.data.nbytes for p in params) + grads + state
+    grads = sum(p.grad.array.nbytes for p in params if p.grad is not None)
+    return sum(p.array.nbytes for p in params) + grads + state
 
 
 def fsdp_buffer_bytes(fsdp):
     """Bytes of FSDP's own transient buffers now (array accounting): gathered
     full parameters, gathers in flight, open flat gradients, gradients in flight."""
-    full = sum(f.numel * f.shard.data.itemsize for f in fsdp.flats() if f.live)
+    full = sum(f.numel * f.shard.array.itemsize for f in fsdp.flats() if f.live)
     ahead = sum(buf.nbytes for _, buf in fsdp.prefetcher.pending.values())
     grads = sum(h.nbytes for u in fsdp.units if u.homes is not None for h in u.homes)
     sending = sum(full.nbytes for _, _, full in fsdp.reducer.pending)
@@ -127,7 +127,7 @@ class Runner:
 
     def result(self):
         w, fsdp = self.wrapped, self.fsdp
-        unit_bytes = max((f.numel * f.shard.data.itemsize for f in w.flats()), default=0) \
+        unit_bytes = max((f.numel * f.shard.array.itemsize for f in w.flats()), default=0) \
             if fsdp else 0
         result = {"persistent": persistent_bytes(self.params, self.opt), "peak": self.peak,
                   "step": float(np.median(self.times[1:])), "unit": unit_bytes,

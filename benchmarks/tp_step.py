@@ -37,7 +37,7 @@ class Counter:
 
     def wrap(self, fn):
         def counted(x, *args, **kwargs):
-            self.bytes += getattr(getattr(x, "data", x), "nbytes", 0)  # a Python scalar: 0
+            self.bytes += getattr(getattr(x, "array", x), "nbytes", 0)  # a Python scalar: 0
             return fn(x, *args, **kwargs)
         return counted
 

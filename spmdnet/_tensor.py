@@ -50,7 +50,7 @@ def _as_array(x, dtype=None):
     """An ndarray for x; arrays (and NumPy scalars, as in PyTorch) keep their
     dtype, Python lists/scalars take the default."""
     if isinstance(x, Tensor):
-        x = x.data
+        x = x.array
     if isinstance(x, np.generic):
         x = np.asarray(x)
     if isinstance(x, np.ndarray) or is_cupy_array(x):
@@ -64,16 +64,20 @@ def _as_array(x, dtype=None):
 class Tensor:
     """An array with an optional gradient and the graph that produced it."""
 
-    __slots__ = ("data", "_grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
-                 "_post_hooks", "_retain", "__weakref__")
+    # ``array`` is the NumPy or CuPy array itself; ``data`` (below) is
+    # PyTorch's detached Tensor over it. ``_storage_owner`` is set (to a short
+    # description) only on tensors whose array a wrapper owns: left unset
+    # otherwise, so building a tensor costs nothing more.
+    __slots__ = ("array", "_grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
+                 "_post_hooks", "_retain", "_storage_owner", "__weakref__")
     __array_priority__ = 1000  # ndarray OP Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False):
         if _host_policy_pending:
             _apply_host_policy()
-        self.data = _as_array(data)
+        self.array = _as_array(data)
         self._grad = None
-        # Preallocated home of this leaf's gradient: a Tensor whose .data is
+        # Preallocated home of this leaf's gradient: a Tensor whose .array is
         # a view into a flat buffer (data parallelism's buckets). When .grad
         # is None, backward writes the gradient into it (through ``out=``
         # where the op supports it) and makes this same Tensor the .grad.
@@ -88,7 +92,7 @@ class Tensor:
     # -- attributes ------------------------------------------------------------
     @property
     def grad(self):
-        """The accumulated gradient: a Tensor (its ``.data`` the array), or None."""
+        """The accumulated gradient: a Tensor (its ``.array`` the array), or None."""
         return self._grad
 
     @grad.setter
@@ -98,13 +102,44 @@ class Tensor:
         if value is not None:
             if not isinstance(value, Tensor):
                 value = Tensor(value)
-            if value.data.shape != self.data.shape:
+            if value.array.shape != self.array.shape:
                 raise RuntimeError(f"assigned grad has data of a different size: "
-                                   f"{value.data.shape} != {self.data.shape}")
-            if value.data.dtype != self.data.dtype:
+                                   f"{value.array.shape} != {self.array.shape}")
+            if value.array.dtype != self.array.dtype:
                 raise RuntimeError(f"assigned grad has data of a different type: "
-                                   f"{value.data.dtype} != {self.data.dtype}")
+                                   f"{value.array.dtype} != {self.array.dtype}")
         self._grad = value
+
+    @property
+    def data(self):
+        """PyTorch's ``.data``: a new Tensor over the same array, outside any
+        graph (requires_grad False), so ``p.data.normal_()``, ``p.data.add_()``
+        or ``p.data[0] = v`` write this tensor's memory. (The array itself is
+        ``.array``.)"""
+        return Tensor(self.array)
+
+    @data.setter
+    def data(self, value):
+        """``p.data = t`` rebinds this tensor to ``t``'s array (any shape or
+        floating dtype, as PyTorch; ``.grad`` and ``requires_grad`` are kept).
+        A Tensor or a NumPy/CuPy array (PyTorch takes only a Tensor). Refused
+        when a wrapper owns the storage (FSDP's or ZeRO's flat buffer): the
+        wrapper would go on reading and writing the old one."""
+        array = value.array if isinstance(value, Tensor) else value
+        if array is self.array:
+            return  # p.data *= c: the in-place op already wrote; nothing to rebind
+        owner = getattr(self, "_storage_owner", None)  # unset slot: no owner
+        if owner is not None:
+            raise RuntimeError(f"cannot rebind .data of {owner}: the wrapper owns its "
+                               "storage (a view into its flat buffer) and would go on using "
+                               "the old array; change the values in place (p.data.copy_(t)) "
+                               "or through the wrapper's load_state_dict")
+        if not (isinstance(array, np.ndarray) or is_cupy_array(array)):
+            raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+        if self._requires_grad and array.dtype.kind not in "fc":
+            raise RuntimeError(f"data set to a tensor that requires gradients must be floating "
+                               f"point or complex dtype, got {array.dtype}")
+        self.array = array
 
     @property
     def requires_grad(self):
@@ -112,55 +147,55 @@ class Tensor:
 
     @requires_grad.setter
     def requires_grad(self, flag):
-        if flag and self.data.dtype.kind not in "fc":
+        if flag and self.array.dtype.kind not in "fc":
             raise TypeError("only floating point tensors can require gradients, "
-                            f"got dtype {self.data.dtype}")
+                            f"got dtype {self.array.dtype}")
         self._requires_grad = bool(flag)
 
-    shape = property(lambda self: self.data.shape)
-    dtype = property(lambda self: self.data.dtype)
-    ndim = property(lambda self: self.data.ndim)
-    device = property(lambda self: device_of(self.data))
+    shape = property(lambda self: self.array.shape)
+    dtype = property(lambda self: self.array.dtype)
+    ndim = property(lambda self: self.array.ndim)
+    device = property(lambda self: device_of(self.array))
     is_leaf = property(lambda self: self._ctx is None)
-    is_cuda = property(lambda self: is_cupy_array(self.data))
+    is_cuda = property(lambda self: is_cupy_array(self.array))
 
     def size(self, dim=None):
         """The shape (a tuple), or the length of dim ``dim``, as PyTorch
         (the element count is ``numel()``)."""
         if dim is None:
-            return self.data.shape
-        ndim = self.data.ndim
+            return self.array.shape
+        ndim = self.array.ndim
         if not -ndim <= dim < ndim:
             raise IndexError(f"Dimension out of range (expected to be in range of "
                              f"[{-ndim}, {ndim - 1}], but got {dim})" if ndim else
                              f"dimension specified as {dim} but tensor has no dimensions")
-        return self.data.shape[dim]
+        return self.array.shape[dim]
 
     def numel(self):
         """The number of elements."""
-        return int(self.data.size)
+        return int(self.array.size)
 
     nelement = numel
 
     def dim(self):
         """The number of dims (``ndim``)."""
-        return self.data.ndim
+        return self.array.ndim
 
     def element_size(self):
-        return self.data.dtype.itemsize
+        return self.array.dtype.itemsize
 
     def __len__(self):
-        return len(self.data)
+        return len(self.array)
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"tensor({self.data!r}{grad})"
+        return f"tensor({self.array!r}{grad})"
 
     def __bool__(self):
-        if self.data.size != 1:
+        if self.array.size != 1:
             raise RuntimeError(f"Boolean value of Tensor with more than one value is "
                                f"ambiguous (shape {self.shape})")
-        return bool(self.data)
+        return bool(self.array)
 
     __hash__ = object.__hash__  # identity, so tensors can key dicts and sets
 
@@ -171,22 +206,22 @@ class Tensor:
         if self._requires_grad:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. "
                                "Use tensor.detach().numpy() instead.")
-        if is_cupy_array(self.data):
+        if is_cupy_array(self.array):
             raise TypeError("can't convert a gpu tensor to numpy: use .numpy() or .cpu() "
                             "to copy it to host memory first")
-        arr = self.data if dtype is None else self.data.astype(dtype, copy=False)
+        arr = self.array if dtype is None else self.array.astype(dtype, copy=False)
         return arr.copy() if copy else arr
 
     def numpy(self):
         """A host NumPy copy of the data (never shares memory with the tensor)."""
-        return np.array(asnumpy(self.data), copy=True)
+        return np.array(asnumpy(self.array), copy=True)
 
     def item(self):
         """The single element as a Python scalar."""
-        if self.data.size != 1:
-            raise RuntimeError(f"a Tensor with {self.data.size} elements cannot be converted "
+        if self.array.size != 1:
+            raise RuntimeError(f"a Tensor with {self.array.size} elements cannot be converted "
                                f"to Scalar (item() needs exactly one; shape {self.shape})")
-        return self.data.reshape(()).item()
+        return self.array.reshape(()).item()
 
     def __float__(self):
         return float(self.item())
@@ -198,12 +233,12 @@ class Tensor:
         return self.numpy().tolist()
 
     def detach(self):
-        """A tensor sharing this data, outside any graph."""
-        return Tensor(self.data)
+        """A tensor sharing this array, outside any graph."""
+        return Tensor(self.array)
 
     def astype(self, dtype):
         """A copy cast to ``dtype``, outside the graph (use for labels, masks)."""
-        return Tensor(self.data.astype(dtype))
+        return Tensor(self.array.astype(dtype))
 
     # -- hooks -------------------------------------------------------------------
     def register_hook(self, fn):

@@ -40,7 +40,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False, pin_memory=False)
     ``device`` is given); floating lists and scalars take the default dtype,
     integer ones int64."""
     arr = _as_array(data, resolve_dtype(dtype))
-    if arr is data or (isinstance(data, Tensor) and arr is data.data):
+    if arr is data or (isinstance(data, Tensor) and arr is data.array):
         arr = arr.copy()
     device = resolve_device(device)
     return _new(arr if device is None else to_device(arr, device), requires_grad)

@@ -142,9 +142,9 @@ def _layer_norm_last(x, weight, bias, eps):
     if weight is None and bias is None:
         return LayerNorm.apply(x, eps=eps)
     like = weight if weight is not None else bias
-    xp = xp_of(like.data)
-    weight = weight if weight is not None else Tensor(xp.ones_like(like.data))
-    bias = bias if bias is not None else Tensor(xp.zeros_like(like.data))
+    xp = xp_of(like.array)
+    weight = weight if weight is not None else Tensor(xp.ones_like(like.array))
+    bias = bias if bias is not None else Tensor(xp.zeros_like(like.array))
     return LayerNorm.apply(x, weight, bias, eps=eps)
 
 
@@ -180,7 +180,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # 
     if max_norm is not None or scale_grad_by_freq:
         raise NotImplementedError("embedding: max_norm and scale_grad_by_freq are not "
                                   "supported")
-    idx = input.data if isinstance(input, Tensor) else xp_of(weight.data).asarray(input)
+    idx = input.array if isinstance(input, Tensor) else xp_of(weight.array).asarray(input)
     num = weight.shape[0]
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got dtype {idx.dtype}")
@@ -198,7 +198,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # 
 # -- tensors ----------------------------------------------------------------------------------
 def one_hot(tensor, num_classes=-1):
     """int64 tensor of shape ``tensor.shape + (num_classes,)``; -1: max + 1."""
-    idx = tensor.data if isinstance(tensor, Tensor) else xp_of().asarray(tensor)
+    idx = tensor.array if isinstance(tensor, Tensor) else xp_of().asarray(tensor)
     xp = xp_of(idx)
     if idx.dtype.kind not in "iu":
         raise RuntimeError(f"one_hot is only applicable to index tensor, got dtype {idx.dtype}")
@@ -270,7 +270,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if isinstance(attn_mask, Tensor):
         inputs += (attn_mask,)
     elif attn_mask is not None:
-        mask = xp_of(query.data).asarray(attn_mask)
+        mask = xp_of(query.array).asarray(attn_mask)
     return ScaledDotProductAttention.apply(*inputs, mask=mask, causal=bool(is_causal),
                                            scale=float(scale), dropout_p=float(dropout_p),
                                            seed=seed)

@@ -166,7 +166,7 @@ def test_saves_no_scores(mode):
         lse = ctx.lse
         assert lse.shape == (b * h, length) and lse.dtype == np.float32
         saved = sum(a.nbytes for a in arrays)
-        assert saved <= sum(x.data.nbytes for x in t) + out.data.nbytes + lse.nbytes + 64
+        assert saved <= sum(x.array.nbytes for x in t) + out.array.nbytes + lse.nbytes + 64
         out.sum().backward()
         assert all(x.grad.dtype == np.float32 for x in t)
 

@@ -277,7 +277,7 @@ def test_detach_shares_data_and_stops_gradient():
     x = leaf([2.0, 3.0])
     d = x.detach()
     assert d.requires_grad is False and d._ctx is None and d.is_leaf
-    assert np.shares_memory(d.data, x.data)
+    assert np.shares_memory(d.array, x.array)
     (d * x).sum().backward()
     np.testing.assert_array_equal(x.grad, [2.0, 3.0])  # only through the second factor
 
@@ -358,7 +358,7 @@ def test_one_fresh_array_returned_for_two_inputs_is_copied():
 def test_grad_from_broadcast_view_is_writable_and_accumulates():
     a = leaf(np.zeros((2, 3)))
     a.sum().backward()  # Sum's backward is a read-only broadcast view
-    assert a.grad.data.flags.writeable and a.grad.shape == (2, 3)
+    assert a.grad.array.flags.writeable and a.grad.shape == (2, 3)
     a.grad += 1.0
     a.sum().backward()
     np.testing.assert_array_equal(a.grad, np.full((2, 3), 3.0))

@@ -37,7 +37,7 @@ def test_training_and_running_statistics_follow_the_closed_form(cls, shape):
         x = rng.standard_normal(shape) * 2.0 + 1.0
         out = bn(sn.tensor(x)).numpy()
         xhat, mean, _, unbiased = closed_form(x)
-        want = xhat * channel(bn.weight.data, x.ndim) + channel(bn.bias.data, x.ndim)
+        want = xhat * channel(bn.weight.array, x.ndim) + channel(bn.bias.array, x.ndim)
         np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
         rm, rv = 0.8 * rm + 0.2 * mean, 0.8 * rv + 0.2 * unbiased
     np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-12)
@@ -47,7 +47,7 @@ def test_training_and_running_statistics_follow_the_closed_form(cls, shape):
     bn.eval()
     x = rng.standard_normal(shape)
     want = (x - channel(rm, x.ndim)) / np.sqrt(channel(rv, x.ndim) + 1e-5) \
-        * channel(bn.weight.data, x.ndim) + channel(bn.bias.data, x.ndim)
+        * channel(bn.weight.array, x.ndim) + channel(bn.bias.array, x.ndim)
     np.testing.assert_allclose(bn(sn.tensor(x)).numpy(), want, rtol=1e-12, atol=1e-12)
     assert int(bn.num_batches_tracked.numpy()) == 3  # eval counts nothing
 

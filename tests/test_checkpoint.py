@@ -95,7 +95,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, where):
     sn.manual_seed(5)
     model = nn.Linear(3, 2)
     assert sn.load_checkpoint(target, model)["step"] == 1  # the previous one, intact
-    assert not np.any(model.weight.data == 42.0)
+    assert not np.any(model.weight.array == 42.0)
     leftovers = [p.name for p in tmp_path.iterdir() if p.name not in ("crash.py", "model.h5")]
     assert all(name.startswith(".model.h5.tmp-") for name in leftovers)
 

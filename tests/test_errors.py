@@ -102,7 +102,7 @@ def test_cupy_tensor_op_matches_numpy():
     a = sn.tensor(cp.asarray(av), requires_grad=True)
     b = sn.tensor(cp.asarray(bv), requires_grad=True)
     out = (a @ b).tanh()
-    assert out.device == "gpu" and backend.is_cupy_array(out.data)
+    assert out.device == "gpu" and backend.is_cupy_array(out.array)
     np.testing.assert_allclose(out.numpy(), np.tanh(av @ bv), rtol=1e-10)
     out.sum().backward()
     dy = 1 - np.tanh(av @ bv) ** 2

@@ -272,7 +272,7 @@ def test_backward_matches_finite_differences(name, fn, ref, inputs, float64):
 
 
 def _grad(t):
-    return backend.asnumpy(t.grad.data if isinstance(t.grad, sn.Tensor) else t.grad)
+    return backend.asnumpy(t.grad.array)
 
 
 @pytest.mark.gpu
@@ -285,10 +285,10 @@ def test_on_gpu_as_on_the_host(name, fn, ref, inputs, float64, monkeypatch):
         monkeypatch.setitem(DEVICE, "now", device)
         ts = [sn.tensor(backend.to_device(a, device), requires_grad=True) for a in inputs]
         out = fn(*ts)
-        weights = np.linspace(-1, 1, out.data.size).reshape(out.shape)
+        weights = np.linspace(-1, 1, out.array.size).reshape(out.shape)
         (out * sn.tensor(backend.to_device(weights, device))).sum().backward()
-        assert backend.device_of(out.data) == device
-        results.append([backend.asnumpy(out.data)] + [_grad(t) for t in ts])
+        assert backend.device_of(out.array) == device
+        results.append([backend.asnumpy(out.array)] + [_grad(t) for t in ts])
     for host, gpu in zip(*results, strict=True):
         np.testing.assert_allclose(gpu, host, rtol=1e-10, atol=1e-12)
 

@@ -22,10 +22,10 @@ def _run(fn, arrays, device):
     ts = [sn.Tensor(backend.to_device(a, device), requires_grad=a.dtype.kind == "f")
           for a in arrays]
     out = fn(*ts)
-    weights = backend.to_device(np.linspace(-1, 1, out.data.size).reshape(out.shape)
+    weights = backend.to_device(np.linspace(-1, 1, out.array.size).reshape(out.shape)
                                 .astype(out.dtype), device)
     (out * sn.Tensor(weights)).sum().backward()
-    return [backend.asnumpy(out.data)] + [backend.asnumpy(t.grad.data) for t in ts
+    return [backend.asnumpy(out.array)] + [backend.asnumpy(t.grad.array) for t in ts
                                           if t.grad is not None]
 
 
@@ -66,9 +66,9 @@ def test_cross_entropy_and_embedding_on_gpu(dtype):
     index = rng.integers(0, 12, (4, 5))
 
     def loss(lg, tb):
-        emb = F.embedding(sn.Tensor(backend.to_device(index, backend.device_of(tb.data))), tb)
+        emb = F.embedding(sn.Tensor(backend.to_device(index, backend.device_of(tb.array))), tb)
         return F.cross_entropy(lg, sn.Tensor(backend.to_device(labels, backend.device_of(
-            lg.data)))) + (emb * emb).sum()
+            lg.array)))) + (emb * emb).sum()
 
     with kernels.use("numba"):
         got = _run(loss, [logits, table], "gpu")
@@ -92,6 +92,6 @@ def test_optimizer_kernels_on_gpu_match_xp(make):
             for g in grads:
                 p.grad = backend.to_device(g, device)
                 opt.step()
-        return backend.asnumpy(p.data)
+        return backend.asnumpy(p.array)
 
     np.testing.assert_allclose(train("gpu"), train("cpu"), rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """.grad is a Tensor, as in PyTorch: backward makes it once and accumulates
-into its .data in place; assigning an array or a Tensor works; the in-place
-methods change .data where it lives; hooks receive and return Tensors;
+into its .array in place; assigning an array or a Tensor works; the in-place
+methods change .array where it lives; hooks receive and return Tensors;
 clipping and optimizers read and write it. (DataParallel's bucket views:
 tests/mpi/test_grad_tensor_mpi.py.)"""
 import numpy as np
@@ -48,17 +48,17 @@ def test_inplace_method_changes_data_where_it_lives(name, call, oracle):
     t = sn.Tensor(data)
     out = call(t)
     assert out is None if name.startswith("setitem") else out is t
-    assert t.data is data and np.shares_memory(t.data, buf)
+    assert t.array is data and np.shares_memory(t.array, buf)
     np.testing.assert_array_equal(buf[2:8].reshape(2, 3), oracle(X.copy()))
     assert buf[0] == buf[1] == buf[8] == buf[9] == 0.0
 
 
 def test_augmented_assignment_keeps_the_object():
     t = sn.Tensor(X.copy())
-    alias, data = t, t.data
+    alias, data = t, t.array
     t += 1.0
     t *= 2.0
-    assert t is alias and t.data is data
+    assert t is alias and t.array is data
     np.testing.assert_array_equal(data, (X + 1.0) * 2.0)
 
 
@@ -68,13 +68,13 @@ def test_inplace_on_a_leaf_that_requires_grad_needs_no_grad():
                lambda: w.copy_(X), lambda: w.__setitem__(0, 1.0)):
         with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
             op()
-    np.testing.assert_array_equal(w.data, X)
+    np.testing.assert_array_equal(w.array, X)
     (w * 3.0).sum().backward()
     with sn.no_grad():  # the manual SGD step of PyTorch tutorials
         w -= 0.1 * w.grad
         w.grad.zero_()
-    np.testing.assert_allclose(w.data, X - 0.3)
-    assert w.requires_grad and w.is_leaf and not w.grad.data.any()
+    np.testing.assert_allclose(w.array, X - 0.3)
+    assert w.requires_grad and w.is_leaf and not w.grad.array.any()
 
 
 def test_augmented_assignment_inside_a_graph_stays_differentiable():
@@ -83,16 +83,16 @@ def test_augmented_assignment_inside_a_graph_stays_differentiable():
     h += x  # out of place here: the graph records h = 2x + x
     h *= x
     h.sum().backward()
-    np.testing.assert_allclose(x.grad.data, 6.0 * X)  # d/dx 3x^2
+    np.testing.assert_allclose(x.grad.array, 6.0 * X)  # d/dx 3x^2
     with pytest.raises(RuntimeError, match="part of an autograd graph"):
         (x * 2.0).add_(1.0)
     acc = sn.zeros(2, 3, dtype=sn.float64)  # no grad, but the operand has one
-    buf = acc.data
+    buf = acc.array
     acc += x
     assert acc.requires_grad and not buf.any()  # recorded out of place
     x.grad = None
     (acc * 2.0).sum().backward()
-    np.testing.assert_allclose(x.grad.data, np.full((2, 3), 2.0))
+    np.testing.assert_allclose(x.grad.array, np.full((2, 3), 2.0))
     for op in (lambda t: t.add_(x), lambda t: t.copy_(x), lambda t: t.__setitem__(0, x[0])):
         with pytest.raises(RuntimeError, match="part of an autograd graph"):
             op(sn.zeros(2, 3, dtype=sn.float64))
@@ -102,11 +102,11 @@ def test_backward_makes_grad_a_tensor_and_accumulates_into_it():
     x = sn.tensor(X.copy(), requires_grad=True)
     (x * 2.0).sum().backward()
     g = x.grad
-    assert type(g) is sn.Tensor and not g.requires_grad and isinstance(g.data, np.ndarray)
-    data = g.data
+    assert type(g) is sn.Tensor and not g.requires_grad and isinstance(g.array, np.ndarray)
+    data = g.array
     (x * x).sum().backward()
-    assert x.grad is g and g.data is data  # accumulated in place
-    np.testing.assert_allclose(g.data, 2.0 + 2.0 * X)
+    assert x.grad is g and g.array is data  # accumulated in place
+    np.testing.assert_allclose(g.array, 2.0 + 2.0 * X)
     assert float(x.grad.norm()) == pytest.approx(np.linalg.norm(2.0 + 2.0 * X))
 
 
@@ -121,10 +121,10 @@ def test_assigning_grad(name, make, shares, float64):
     value = X.copy()
     p.grad = make(value)
     assert isinstance(p.grad, sn.Tensor)
-    np.testing.assert_array_equal(p.grad.data, X)
-    assert np.shares_memory(p.grad.data, value) == shares
+    np.testing.assert_array_equal(p.grad.array, X)
+    assert np.shares_memory(p.grad.array, value) == shares
     (p * 1.0).sum().backward()  # accumulates into the assigned gradient
-    np.testing.assert_array_equal(p.grad.data, X + 1.0)
+    np.testing.assert_array_equal(p.grad.array, X + 1.0)
     p.grad = None
     assert p.grad is None
 
@@ -146,11 +146,11 @@ def test_hooks_receive_and_return_tensors():
         return g * 2.0  # a Tensor replaces the gradient
 
     x.register_hook(double)
-    x.register_hook(lambda g: seen.append(g) or g.data + 1.0)  # an array works too
+    x.register_hook(lambda g: seen.append(g) or g.array + 1.0)  # an array works too
     (x * 3.0).sum().backward()
     assert all(type(g) is sn.Tensor for g in seen)
-    np.testing.assert_array_equal(seen[0].data, [3.0, 3.0])
-    np.testing.assert_array_equal(x.grad.data, [7.0, 7.0])
+    np.testing.assert_array_equal(seen[0].array, [3.0, 3.0])
+    np.testing.assert_array_equal(x.grad.array, [7.0, 7.0])
     posted = []
     x.register_post_accumulate_grad_hook(posted.append)
     (x * 1.0).sum().backward()
@@ -166,11 +166,11 @@ def test_clipping_changes_grad_in_place(clip):
     model = nn.Linear(3, 2)
     model(sn.tensor(X.astype(np.float32) * 10)).sum().backward()
     grads = [p.grad for p in model.parameters()]
-    arrays = [g.data for g in grads]
+    arrays = [g.array for g in grads]
     before = [a.copy() for a in arrays]
     clip(list(model.parameters()))
     for p, g, a, b in zip(model.parameters(), grads, arrays, before):
-        assert p.grad is g and g.data is a
+        assert p.grad is g and g.array is a
         assert not np.array_equal(a, b) and np.abs(a).max() <= 0.5 + 1e-6
 
 
@@ -185,9 +185,9 @@ def test_optimizers_step_on_and_zero_tensor_grads(make):
     before = [p.numpy() for p in model.parameters()]
     grads = [p.grad for p in model.parameters()]
     opt.step()
-    assert all(not np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
+    assert all(not np.array_equal(p.array, b) for p, b in zip(model.parameters(), before))
     opt.zero_grad(set_to_none=False)
-    assert all(p.grad is g and not g.data.any() for p, g in zip(model.parameters(), grads))
+    assert all(p.grad is g and not g.array.any() for p, g in zip(model.parameters(), grads))
     opt.zero_grad()
     assert all(p.grad is None for p in model.parameters())
 
@@ -200,5 +200,5 @@ def test_grad_buffer_is_the_grad_tensor_backward_fills():
     for step in range(3):
         p.grad = None
         (p * float(step + 1)).sum().backward()
-        assert p.grad is home and np.shares_memory(p.grad.data, buf)
+        assert p.grad is home and np.shares_memory(p.grad.array, buf)
         np.testing.assert_array_equal(buf, [0, step + 1, step + 1, step + 1, 0])

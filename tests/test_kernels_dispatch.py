@@ -61,7 +61,7 @@ def test_fused_linear_bias_gradient_goes_into_grad_buffer(float64):
     buf = np.zeros(4)
     bt.grad_buffer = sn.Tensor(buf)  # a Tensor over the preallocated array
     F.linear(sn.tensor(x), wt, bt, activation="gelu").sum().backward()
-    assert bt.grad is bt.grad_buffer and bt.grad.data is buf and np.abs(buf).sum() > 0
+    assert bt.grad is bt.grad_buffer and bt.grad.array is buf and np.abs(buf).sum() > 0
 
 
 def test_sequential_fuses_linear_and_activation(float64):

@@ -260,10 +260,10 @@ def test_load_state_dict_round_trip():
     x = sn.tensor(np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32))
     a, b = mlp(0), mlp(1)
     assert not np.allclose(a(x).numpy(), b(x).numpy())
-    buffers = [p.data for p in b.parameters()]
+    buffers = [p.array for p in b.parameters()]
     assert b.load_state_dict(a.state_dict()) == ([], [])
     np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
-    assert all(p.data is buf for p, buf in zip(b.parameters(), buffers))  # in place
+    assert all(p.array is buf for p, buf in zip(b.parameters(), buffers))  # in place
 
 
 def test_load_state_dict_strict_names_missing_and_unexpected():

@@ -160,11 +160,11 @@ def test_eye_():
 # -- in place, outside autograd, seeded -------------------------------------------------
 def test_in_place_on_a_parameter_with_or_without_no_grad():
     lin = nn.Linear(4, 3)
-    array = lin.weight.data
+    array = lin.weight.array
     with sn.no_grad():
         assert init.normal_(lin.weight, 0.0, 0.1) is lin.weight
     init.xavier_uniform_(lin.weight)
-    assert lin.weight.data is array  # filled in place: views onto it stay valid
+    assert lin.weight.array is array  # filled in place: views onto it stay valid
     assert lin.weight.requires_grad and lin.weight.grad is None and lin.weight.is_leaf
     assert lin.weight.dtype == np.float32
 

@@ -123,7 +123,7 @@ def test_apply_visits_children_before_parents_and_returns_self():
             nn.init.constant_(m.bias, 0.5)
 
     model.apply(init_weights)
-    assert all((np.asarray(p.data) == v).all() for p, v in
+    assert all((np.asarray(p.array) == v).all() for p, v in
                zip(model.parameters(), [0.0, 0.5, 0.0, 0.5]))
 
 
@@ -461,10 +461,10 @@ def test_parameters_to_vector_and_back(float64):
     w = np.arange(vec.shape[0], dtype=np.float64)
     (vec * sn.tensor(w)).sum().backward()  # differentiable, as PyTorch's torch.cat
     np.testing.assert_array_equal(np.concatenate([grad(p).ravel() for p in model.parameters()]), w)
-    arrays = [p.data for p in model.parameters()]
+    arrays = [p.array for p in model.parameters()]
     nn.utils.vector_to_parameters(sn.tensor(-w), model.parameters())
     np.testing.assert_array_equal(nn.utils.parameters_to_vector(model.parameters()).numpy(), -w)
-    assert all(p.data is a for p, a in zip(model.parameters(), arrays))  # in place
+    assert all(p.array is a for p, a in zip(model.parameters(), arrays))  # in place
     with pytest.raises(ValueError, match="elements"):
         nn.utils.vector_to_parameters(sn.tensor(w[:-1]), model.parameters())
     with pytest.raises(TypeError):
@@ -485,10 +485,10 @@ def test_modules_init_and_utils_on_cupy(float64):
     assert all(p.device == "gpu" for p in model.parameters()) and model.mask.device == "gpu"
     for p, q in zip(model.parameters(), host.parameters()):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
-    array = model[0].weight.data
+    array = model[0].weight.array
     nn.init.trunc_normal_(model[0].weight, std=0.5)
     nn.init.kaiming_normal_(model[2].weight)
-    assert model[0].weight.data is array and np.abs(model[0].weight.numpy()).max() <= 2.0
+    assert model[0].weight.array is array and np.abs(model[0].weight.numpy()).max() <= 2.0
     x = sn.tensor(np.ones((5, 3))).to("gpu")
     model(x).sum().backward()
     flat = np.concatenate([_host(p.grad).ravel() for p in model.parameters()])

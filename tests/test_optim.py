@@ -40,11 +40,11 @@ def feed(opt, params, grads, dtype=np.float64):
 def run(cls, dtype=np.float64, steps=3, **kw):
     """``steps`` updates of ``cls``, with different gradients at each step."""
     params = [P(x.astype(dtype)) for x in INIT]
-    buffers = [p.data for p in params]
+    buffers = [p.array for p in params]
     opt = cls(params, **kw)
     for grads in GRADS[:steps]:
         feed(opt, params, grads, dtype)
-    assert all(p.data is b and b.dtype == dtype for p, b in zip(params, buffers))
+    assert all(p.array is b and b.dtype == dtype for p, b in zip(params, buffers))
     return opt, params
 
 
@@ -89,7 +89,7 @@ def test_update_matches_reference(cls, kw, dtype):
     ref = {SGD: ref_sgd, Adam: ref_adam,  # AdamW's default decay is 1e-2
            AdamW: functools.partial(ref_adam, weight_decay=1e-2, w=True)}[cls]
     for i, p in enumerate(params):
-        np.testing.assert_allclose(p.data, ref(i, **kw), rtol=tol, atol=tol)
+        np.testing.assert_allclose(p.array, ref(i, **kw), rtol=tol, atol=tol)
         assert all(v.dtype == dtype for k, v in opt.state[p].items() if k != "step")
         assert cls is SGD or opt.state[p]["step"] == 3
 
@@ -99,13 +99,13 @@ def test_sgd_momentum_by_hand_and_param_groups():
     opt = SGD([p], lr=0.1, momentum=0.9)
     for g in (1.0, 2.0, 3.0):  # buf: 1, 2.9, 5.61 -> p: 0.9, 0.61, 0.049
         feed(opt, [p], [np.array([g])])
-    np.testing.assert_allclose(p.data, [0.049], rtol=1e-12)
+    np.testing.assert_allclose(p.array, [0.049], rtol=1e-12)
     opt, params = run(lambda ps, **kw: SGD(
         [{"params": ps[:1]}, {"params": ps[1:], "lr": 0.01}], **kw),
         lr=0.1, momentum=0.9)  # two param groups, the second with its own lr
     assert opt.param_groups[1]["momentum"] == 0.9
-    np.testing.assert_allclose(params[0].data, ref_sgd(0, 0.1, 0.9), rtol=1e-12)
-    np.testing.assert_allclose(params[1].data, ref_sgd(1, 0.01, 0.9), rtol=1e-12)
+    np.testing.assert_allclose(params[0].array, ref_sgd(0, 0.1, 0.9), rtol=1e-12)
+    np.testing.assert_allclose(params[1].array, ref_sgd(1, 0.01, 0.9), rtol=1e-12)
 
 
 @pytest.mark.parametrize("cls,kw", [
@@ -116,7 +116,7 @@ def test_grads_untouched_buffers_reused_none_grads_skipped(cls, kw):
     opt = cls([a, b], **kw)
     opt.step()
     np.testing.assert_array_equal(a.grad, GRADS[0][0])  # grad + wd*p not in place
-    assert b not in opt.state and np.array_equal(b.data, INIT[1])
+    assert b not in opt.state and np.array_equal(b.array, INIT[1])
     arrays = {k: v for k, v in opt.state[a].items() if k != "step"}
     opt.step()  # the same buffers again: no allocation per step
     assert all(opt.state[a][k] is v for k, v in arrays.items())
@@ -145,13 +145,13 @@ def test_state_dict_round_trip(cls, kw):
     assert saved and all(type(v) is np.ndarray for v in saved)
     assert not any(k.startswith("_") for st in sd["state"].values() for k in st)
     snapshot = [v.copy() for v in saved]
-    clones = [P(p.data.copy()) for p in params]
+    clones = [P(p.array.copy()) for p in params]
     opt2 = cls(clones, **kw)
     opt2.load_state_dict(sd)
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
     feed(opt, params, GRADS[2])
     feed(opt2, clones, GRADS[2])
-    assert all(np.array_equal(p.data, c.data) for p, c in zip(params, clones))
+    assert all(np.array_equal(p.array, c.array) for p, c in zip(params, clones))
     assert all(np.array_equal(v, v0) for v, v0 in zip(saved, snapshot))  # copies
 
 
@@ -192,19 +192,19 @@ def test_argument_validation(make, match):
 @pytest.mark.parametrize("norm_type", [2.0, math.inf, 1.0])
 def test_clip_grad_norm(norm_type):
     params = [P(x.astype(np.float32), g.astype(np.float32)) for x, g in zip(INIT, GRADS[0])]
-    before = [p.grad.data.copy() for p in params]
+    before = [p.grad.array.copy() for p in params]
     expected = np.linalg.norm(np.concatenate([g.ravel() for g in before]), norm_type)
     total = clip_grad_norm_(params + [P(np.zeros(2))], 0.5, norm_type)
     assert isinstance(total, float) and total == pytest.approx(expected, rel=1e-5)
     for p, g in zip(params, before):
         assert p.grad.dtype == np.float32
         np.testing.assert_allclose(p.grad, g * 0.5 / (expected + 1e-6), rtol=1e-5)
-    after = np.concatenate([p.grad.data.ravel() for p in params])
+    after = np.concatenate([p.grad.array.ravel() for p in params])
     assert np.linalg.norm(after, ord=norm_type) == pytest.approx(0.5, rel=1e-4)
     g = np.array([3.0, 4.0])  # under the max, and a single parameter
     p = P(np.zeros(2), g)
     assert clip_grad_norm_(p, 10.0) == pytest.approx(5.0)
-    assert p.grad.data is g and np.array_equal(g, [3.0, 4.0])
+    assert p.grad.array is g and np.array_equal(g, [3.0, 4.0])
     assert clip_grad_norm_([P(np.zeros(2))], 1.0) == 0.0
 
 

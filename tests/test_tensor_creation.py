@@ -115,7 +115,7 @@ def test_tensor_copies_and_as_tensor_shares():
     assert a[0] == 0
     s = sn.as_tensor(a)
     s.data[1] = 2
-    assert a[1] == 2 and np.shares_memory(sn.from_numpy(a).data, a)
+    assert a[1] == 2 and np.shares_memory(sn.from_numpy(a).array, a)
     assert sn.is_tensor(t) and not sn.is_tensor(a)
 
 
@@ -153,7 +153,7 @@ def test_float_conversions_keep_the_graph_others_leave_it():
 def test_to_copy_and_device_names():
     x = sn.ones(2)
     c = x.to(sn.float32, copy=True)
-    assert c is not x and not np.shares_memory(c.data, x.data)
+    assert c is not x and not np.shares_memory(c.array, x.array)
     assert x.to("cpu") is x and x.cpu() is x
     with pytest.raises(ValueError):
         x.to("tpu")
@@ -181,7 +181,7 @@ def test_asarray_of_a_tensor():
     t = sn.tensor([[1.0, 2.0]])
     a = np.asarray(t)
     assert isinstance(a, np.ndarray) and a.dtype == F32 and a.shape == (1, 2)
-    assert np.shares_memory(a, t.data)
+    assert np.shares_memory(a, t.array)
     assert np.asarray(t, dtype=np.float64).dtype == F64
     np.testing.assert_array_equal(t, [[1.0, 2.0]])
     with pytest.raises(RuntimeError, match="requires grad"):

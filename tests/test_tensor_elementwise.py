@@ -93,7 +93,7 @@ def test_forward_and_backward(name, fn, ref, inputs):
 
 
 def _grad(t):
-    return np.asarray(t.grad.data if hasattr(t.grad, "data") else t.grad)
+    return np.asarray(t.grad.array)
 
 
 @pytest.mark.parametrize("name,fn,x,expected", [

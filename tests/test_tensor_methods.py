@@ -175,7 +175,7 @@ def test_clone_is_a_copy_in_the_graph():
     x = T([1.0, 2.0], requires_grad=True)
     y = x.clone()
     assert y.requires_grad and not y.is_leaf
-    assert not np.shares_memory(y.data, x.data)
+    assert not np.shares_memory(y.array, x.array)
     (y * 3).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0])
 

@@ -163,9 +163,9 @@ def test_view_after_transpose_reads_the_transposed_order():
 
 def test_view_shares_memory_when_numpy_can():
     t = sn.zeros(2, 6)
-    assert np.shares_memory(t.view(3, 4).data, t.data)
-    assert np.shares_memory(t.transpose(0, 1).data, t.data)
-    assert not t.T.data.flags.c_contiguous and t.T.contiguous().data.flags.c_contiguous
+    assert np.shares_memory(t.view(3, 4).array, t.array)
+    assert np.shares_memory(t.transpose(0, 1).array, t.array)
+    assert not t.T.array.flags.c_contiguous and t.T.contiguous().array.flags.c_contiguous
     assert t.contiguous() is t
 
 
@@ -207,7 +207,7 @@ def test_expand_is_a_broadcast_view_and_repeat_copies():
     a = sn.tensor([[1.0], [2.0]])
     e = a.expand(2, 3)
     assert e.tolist() == [[1.0] * 3, [2.0] * 3]
-    assert np.shares_memory(e.data, a.data)
+    assert np.shares_memory(e.array, a.array)
     assert a.repeat(1, 2).tolist() == [[1.0, 1.0], [2.0, 2.0]]
     assert a.repeat(2, 1).tolist() == [[1.0], [2.0], [1.0], [2.0]]  # not np.repeat's order
 

@@ -170,7 +170,7 @@ def cross_entropy(logits, y, tp=None, reduction="mean"):
     """The loss of (B, T, vocab) logits against (B, T) targets; with ``tp``
     the logits are this rank's vocabulary slice, never gathered."""
     logits = logits.reshape(-1, logits.shape[-1])
-    y = np.asarray(y.data if isinstance(y, sn.Tensor) else y).reshape(-1)
+    y = np.asarray(y.array if isinstance(y, sn.Tensor) else y).reshape(-1)
     if tp is None:
         return F.cross_entropy(logits, y, reduction=reduction)
     loss = parallel.vocab_parallel_cross_entropy(logits, y, tp)

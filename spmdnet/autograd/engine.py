@@ -9,7 +9,7 @@ Hooks for data parallelism (PyTorch's names):
   leaf right after its ``.grad`` became final for this backward.
 
 Inside the engine gradients are plain arrays; ``.grad`` is a Tensor, made
-once per leaf and then accumulated into in place (``grad.data += g``), so a
+once per leaf and then accumulated into in place (``grad.array += g``), so a
 ``.grad`` whose data is a bucket view stays one.
 - ``queue_callback(fn)``: called during a backward, runs ``fn()`` once that
   backward has finished (before ``backward()`` returns).
@@ -62,10 +62,10 @@ def _seed_grad(root, grad):
         raise RuntimeError("backward() on a tensor that does not require grad "
                            "(and has no graph); did you forget requires_grad=True?")
     if grad is None:
-        if root.data.size != 1:
+        if root.array.size != 1:
             raise RuntimeError("backward() without a gradient needs a scalar output; "
                                f"got shape {root.shape}: pass grad of that shape")
-        return xp_of(root.data).ones_like(root.data)
+        return xp_of(root.array).ones_like(root.array)
     g = _as_array(grad, root.dtype)
     if g.shape != root.shape:
         raise ValueError(f"backward(): grad shape {g.shape} != tensor shape {root.shape}")
@@ -208,7 +208,7 @@ def _destination(parent, grads, pending):
     if home is None or parent._ctx is not None or parent._grad is not None or parent._hooks:
         return None
     key = id(parent)
-    return home.data if pending.get(key) == 1 and key not in grads else None
+    return home.array if pending.get(key) == 1 and key not in grads else None
 
 
 def _check_grad(ctx, parent, pg):
@@ -229,12 +229,12 @@ def _accumulate(t, g, must_copy):
     if grad is None:
         home = t.grad_buffer
         if home is not None:
-            if g is not home.data:
-                home.data[...] = g
+            if g is not home.array:
+                home.array[...] = g
             t._grad = home
         else:
             t._grad = Tensor(g.copy() if must_copy else g)
     else:
-        grad.data += g
+        grad.array += g
     for hook in t._post_hooks or ():
         hook(t)

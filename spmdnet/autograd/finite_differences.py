@@ -32,7 +32,7 @@ def analytic_grads(fn, arrays, weights):
     tensors = [Tensor(a.copy(), requires_grad=True) for a in arrays]
     out = fn(*tensors)
     out.backward(Tensor(weights))
-    return [t.grad.data if t.grad is not None else np.zeros_like(t.data) for t in tensors]
+    return [t.grad.array if t.grad is not None else np.zeros_like(t.array) for t in tensors]
 
 
 def gradcheck(fn, *arrays, rtol=1e-5, atol=1e-7, seed=0):

@@ -11,7 +11,7 @@ class Function:
 
     ``backward`` returns fresh arrays, or the incoming gradient itself (or a
     view of it); never an array saved from forward, because the engine may
-    hand a returned array to a leaf's ``.grad`` (as its ``.data``) without
+    hand a returned array to a leaf's ``.grad`` (as its ``.array``) without
     copying it.
     """
 
@@ -28,7 +28,7 @@ class Function:
         ctx = cls()
         record = is_grad_enabled() and any(t.requires_grad for t in inputs)
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs) if record else ()
-        result = Tensor(ctx.forward(*[t.data for t in inputs], **kwargs))  # scalars: 0-d
+        result = Tensor(ctx.forward(*[t.array for t in inputs], **kwargs))  # scalars: 0-d
         if record:
             result._requires_grad = True
             result._ctx = ctx

@@ -3,7 +3,7 @@
 Every call synchronises the CUDA stream before a device buffer reaches MPI
 (mpi4py does not), and stages device buffers through pinned host memory when
 the MPI library is not CUDA-aware (see ``transport``). Tensors are reduced
-through their ``.data``; these collectives record no autograd graph (the
+through their ``.array``; these collectives record no autograd graph (the
 differentiable ones live in ``spmdnet.parallel``).
 """
 import numpy as np
@@ -29,7 +29,7 @@ def _mpi_op(op):
 
 def _array(x, name):
     if isinstance(x, Tensor):
-        return x.data
+        return x.array
     if isinstance(x, np.ndarray) or backend.is_cupy_array(x):
         return x
     raise TypeError(f"{name} expects a NumPy/CuPy array or a Tensor, got {type(x).__name__}")

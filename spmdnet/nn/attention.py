@@ -110,6 +110,6 @@ class MultiheadAttention(Module):
 
 def _additive(mask, like):
     """A bool mask (True = masked out) as 0 / -inf, a float one as is, in like's dtype."""
-    xp = xp_of(like.data)
-    m = xp.asarray(mask.data if isinstance(mask, Tensor) else mask)
+    xp = xp_of(like.array)
+    m = xp.asarray(mask.array if isinstance(mask, Tensor) else mask)
     return (xp.where(m, -xp.inf, 0.0) if m.dtype.kind == "b" else m).astype(like.dtype)

@@ -41,9 +41,9 @@ class _BatchNorm(Module):
 
     def reset_running_stats(self):
         if self.track_running_stats:
-            self.running_mean.data[...] = 0
-            self.running_var.data[...] = 1
-            self.num_batches_tracked.data[...] = 0
+            self.running_mean.array[...] = 0
+            self.running_var.array[...] = 1
+            self.num_batches_tracked.array[...] = 0
 
     def reset_parameters(self):
         self.reset_running_stats()
@@ -58,9 +58,9 @@ class _BatchNorm(Module):
         """The momentum of this forward; counts the batch (PyTorch's order)."""
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.data += 1
+            self.num_batches_tracked.array += 1
             if self.momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked.data)
+                factor = 1.0 / float(self.num_batches_tracked.array)
         return factor
 
     def _uses_batch_stats(self):

@@ -214,7 +214,7 @@ class ParameterList(Module):
     @staticmethod
     def _as_parameter(value):
         return value if isinstance(value, Parameter) or value is None else \
-            Parameter(value.data if isinstance(value, Tensor) else value)
+            Parameter(value.array if isinstance(value, Tensor) else value)
 
     def append(self, value):
         self.register_parameter(str(len(self._parameters)), self._as_parameter(value))

@@ -1,7 +1,7 @@
 """``nn.init``: PyTorch's in-place initialisers, drawn from spmdnet's generator.
 
-Every ``*_`` function fills a Parameter or Tensor in place (its ``.data``
-array, NumPy or CuPy) outside autograd, so it works with or without
+Every ``*_`` function fills a Parameter or Tensor in place (its ``.array``,
+NumPy or CuPy) outside autograd, so it works with or without
 ``no_grad``, and returns the tensor, as PyTorch. Values are drawn on the
 host from ``spmdnet.random.generator()`` (``sn.manual_seed`` fixes them) and
 copied to the tensor's device, so a seed gives the same weights on CPU and
@@ -51,8 +51,8 @@ def calculate_gain(nonlinearity, param=None):
 
 
 def _array(tensor):
-    """The array an initialiser fills: a Tensor's ``.data``, or the array itself."""
-    return tensor.data if isinstance(tensor, Tensor) else tensor
+    """The array an initialiser fills: a Tensor's ``.array``, or the array itself."""
+    return tensor.array if isinstance(tensor, Tensor) else tensor
 
 
 def _fill(tensor, host_values):

@@ -211,15 +211,16 @@ class Module:
         wrapping in DataParallel."""
         device, dtype = _to_args(args, kwargs)
         for t in self._tensors():
-            if dtype is not None and t.data.dtype.kind == "f" and t.data.dtype != dtype:
+            if dtype is not None and t.array.dtype.kind == "f" and t.array.dtype != dtype:
                 if t.grad_buffer is not None:
                     raise RuntimeError("Module.to(dtype): a parameter's gradient lives in a "
                                        "DataParallel bucket; cast the model before wrapping")
-                t.data = t.data.astype(dtype)
+                t.data = t.array.astype(dtype)  # .data: refused where a wrapper owns it
                 g = grad_array(t)
                 t.grad = None if g is None else g.astype(dtype)
-            if device is not None:
-                t.data = to_device(t.data, device)
+            moved = t.array if device is None else to_device(t.array, device)
+            if moved is not t.array:
+                t.data = moved
                 g = grad_array(t)
                 t.grad = None if g is None else to_device(g, device)
         return self
@@ -262,7 +263,7 @@ class Module:
 
     def state_dict(self):
         """{dotted name: NumPy copy} of parameters and buffers, PyTorch's keys."""
-        return OrderedDict((k, np.array(asnumpy(t.data), copy=True))
+        return OrderedDict((k, np.array(asnumpy(t.array), copy=True))
                            for k, t in self._state_items())
 
     def load_state_dict(self, state, strict=True):
@@ -283,9 +284,9 @@ class Module:
             raise ValueError("load_state_dict: shape mismatch for " + "; ".join(bad))
         for k, t in own.items():
             if k in state:
-                value = state[k].data if isinstance(state[k], Tensor) else state[k]
-                xp = xp_of(t.data)
-                t.data[...] = xp.asarray(value).astype(t.data.dtype, copy=False)
+                value = state[k].array if isinstance(state[k], Tensor) else state[k]
+                xp = xp_of(t.array)
+                t.array[...] = xp.asarray(value).astype(t.array.dtype, copy=False)
         return missing, unexpected
 
     def extra_repr(self):

@@ -5,8 +5,9 @@ from .._tensor import Tensor, _as_array
 class Parameter(Tensor):
     """A tensor that requires grad and is registered when set on a Module.
 
-    Optimizers update ``.data`` in place, so views onto it (flat buffers of
-    data parallelism) stay valid: never rebind ``.data`` of a live parameter.
+    Optimizers update ``.array`` in place, so views onto it (flat buffers of
+    data parallelism) stay valid: never rebind ``.data`` of a live parameter
+    (FSDP and ZeRO refuse it for the parameters whose storage they own).
     """
 
     __slots__ = ()
@@ -15,10 +16,10 @@ class Parameter(Tensor):
         super().__init__(_as_array(data), requires_grad=requires_grad)
 
     def __repr__(self):
-        return f"Parameter({self.data!r})"
+        return f"Parameter({self.array!r})"
 
 
 def grad_array(t):
     """The array holding ``t``'s gradient (``.grad`` is a Tensor; this is its
-    ``.data``), or None. Clipping and ``Module.to`` read gradients through it."""
-    return None if t.grad is None else t.grad.data
+    ``.array``), or None. Clipping and ``Module.to`` read gradients through it."""
+    return None if t.grad is None else t.grad.array

@@ -75,7 +75,7 @@ TENSOR_METHODS = {
     # type and device (ops/convert.py)
     "to": convert.to, "type_as": convert.type_as, "cpu": convert.cpu, "cuda": convert.cuda,
     **convert.CASTS, "__array_ufunc__": array_ufunc,
-    # in place on .data, no graph: +=, *=, zero_, add_, copy_, t[i] = v (ops/inplace.py)
+    # in place on .array, no graph: +=, *=, zero_, add_, copy_, t[i] = v (ops/inplace.py)
     **inplace.METHODS,
 }
 

@@ -96,7 +96,7 @@ class Cast(Function):
 
 def cast(t, dtype):
     """Tensor t as ``dtype`` for promotion (t itself when it has it)."""
-    return t if t.data.dtype == dtype else Cast.apply(t, dtype=dtype)
+    return t if t.array.dtype == dtype else Cast.apply(t, dtype=dtype)
 
 
 _SCALARS = (bool, int, float, complex, np.generic)
@@ -107,7 +107,7 @@ def as_tensor_like(x, like):
     if isinstance(x, Tensor):
         return x
     if isinstance(x, _SCALARS):
-        return Tensor(xp_of(like.data).asarray(x, dtype=like.dtype))
+        return Tensor(xp_of(like.array).asarray(x, dtype=like.dtype))
     return Tensor(_as_array(x))
 
 
@@ -123,18 +123,18 @@ def promote(*operands):
             scalars.append(scalar_dtype(x, get_default_dtype()))
         else:
             x = x if isinstance(x, Tensor) else Tensor(_as_array(x))
-            (dims if x.data.ndim else zeros).append(x.data.dtype)
+            (dims if x.array.ndim else zeros).append(x.array.dtype)
         ts.append(x)
     dtype = result_type(dims, zeros, scalars)
-    xp = xp_of(*[t.data for t in ts if isinstance(t, Tensor)])
+    xp = xp_of(*[t.array for t in ts if isinstance(t, Tensor)])
     return [cast(t, dtype) if isinstance(t, Tensor) else Tensor(xp.asarray(t, dtype=dtype))
             for t in ts]
 
 
 def _binary(cls, a, b):
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.data.dtype == b.data.dtype):
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.array.dtype == b.array.dtype):
         a, b = promote(a, b)
-    xp_of(a.data, b.data)  # NumPy with CuPy raises TypeError naming both
+    xp_of(a.array, b.array)  # NumPy with CuPy raises TypeError naming both
     try:
         return cls.apply(a, b)
     except ValueError as exc:
@@ -165,7 +165,7 @@ def mul(input, other):  # noqa: A002
 def div(input, other):  # noqa: A002
     """True division: integer operands give the default float dtype."""
     a, b = promote(input, other)
-    if a.data.dtype.kind not in "fc":
+    if a.array.dtype.kind not in "fc":
         a, b = cast(a, get_default_dtype()), cast(b, get_default_dtype())
     return _binary(Div, a, b)
 

@@ -91,7 +91,7 @@ class BatchNormEval(Function):
 
 def _update(buffer, value, momentum):
     """buffer ← (1 - momentum) * buffer + momentum * value, in place."""
-    data = buffer.data
+    data = buffer.array
     data *= 1.0 - momentum
     data += momentum * value.astype(data.dtype, copy=False)
 
@@ -117,13 +117,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
     if (weight is None) != (bias is None):
         raise ValueError("batch_norm: give both weight and bias, or neither")
     affine = (weight, bias) if weight is not None else ()
-    x = input.data
+    x = input.array
     if not training:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: running_mean and running_var are required "
                              "when training=False")
-        rstd = 1.0 / xp_of(x).sqrt(running_var.data.astype(x.dtype, copy=False) + eps)
-        mean = running_mean.data.astype(x.dtype, copy=False)
+        rstd = 1.0 / xp_of(x).sqrt(running_var.array.astype(x.dtype, copy=False) + eps)
+        mean = running_mean.array.astype(x.dtype, copy=False)
         return BatchNormEval.apply(input, *affine, mean=mean, rstd=rstd)
     count, mean, m2 = moments(x)
     if group is not None:

@@ -7,7 +7,7 @@ from ..backend import xp_of
 
 
 def _plain(x):
-    return x.data if isinstance(x, Tensor) else x
+    return x.array if isinstance(x, Tensor) else x
 
 
 def _binary(name, op):
@@ -30,7 +30,7 @@ def bitwise_not(input):  # noqa: A002
     """``~x``: logical not on bool tensors, bitwise on integers."""
     if input.dtype.kind not in "biu":
         raise TypeError(f"~ (bitwise_not) is only for bool and integer tensors, got {input.dtype}")
-    return Tensor(~input.data)
+    return Tensor(~input.array)
 
 
 def _logical(name, fn):
@@ -48,7 +48,7 @@ logical_xor = _logical("logical_xor", "logical_xor")
 
 def _test(name):
     def test(input):  # noqa: A002
-        return Tensor(getattr(xp_of(input.data), name)(input.data))
+        return Tensor(getattr(xp_of(input.array), name)(input.array))
     test.__name__ = name
     return test
 
@@ -59,4 +59,4 @@ isfinite, isnan, isinf, logical_not = (
 
 def equal(input, other):  # noqa: A002
     """True when both have the same shape and elements (a Python bool)."""
-    return input.shape == other.shape and bool((input.data == other.data).all())
+    return input.shape == other.shape and bool((input.array == other.array).all())

@@ -36,7 +36,7 @@ def cast(a, dtype, copy=False):
         return a
     if _is_float(dtype) and _is_float(a.dtype):
         return Cast.apply(a, dtype=dtype)
-    return Tensor(a.data.astype(dtype))
+    return Tensor(a.array.astype(dtype))
 
 
 def to(a, *args, dtype=None, device=None, non_blocking=False, copy=False):
@@ -51,7 +51,7 @@ def to(a, *args, dtype=None, device=None, non_blocking=False, copy=False):
             dtype = arg
     device = resolve_device(device)
     out = a
-    if device is not None and device != device_of(a.data):
+    if device is not None and device != device_of(a.array):
         out = ToDevice.apply(a, device=device)
     if dtype is not None:
         out = cast(out, dtype, copy=copy and out is a)
@@ -115,9 +115,9 @@ def array_ufunc(self, ufunc, method, *inputs, **kwargs):
         raise RuntimeError(f"numpy.{ufunc.__name__} on a tensor that requires grad would "
                            "drop it from the graph: use the tensor's own method, or "
                            ".detach() it first")
-    args = [x.data if isinstance(x, Tensor) else x for x in inputs]
+    args = [x.array if isinstance(x, Tensor) else x for x in inputs]
     if outs:
-        kwargs["out"] = tuple(x.data if isinstance(x, Tensor) else x for x in outs)
+        kwargs["out"] = tuple(x.array if isinstance(x, Tensor) else x for x in outs)
     result = getattr(ufunc, method)(*args, **kwargs)
     if outs:
         return outs if len(outs) > 1 else outs[0]

@@ -72,5 +72,5 @@ def einsum(equation, *operands):
         operands = operands[0]
     tensors = [_tensor(x) for x in operands]
     for t in tensors[1:]:
-        check_dtypes("einsum", tensors[0].data, t.data, ("operand 0", "every operand"))
+        check_dtypes("einsum", tensors[0].array, t.array, ("operand 0", "every operand"))
     return Einsum.apply(*tensors, equation=equation)

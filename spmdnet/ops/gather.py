@@ -105,7 +105,7 @@ def gather(input, dim, index, *, sparse_grad=False):  # noqa: A002 - PyTorch's n
 def _scatter(input, dim, index, src, add, what):  # noqa: A002
     axis, idx = _index(input, dim, index, what)
     if isinstance(src, (bool, int, float)):
-        src = Tensor(xp_of(input.data).full(idx.shape, src, dtype=input.dtype))
+        src = Tensor(xp_of(input.array).full(idx.shape, src, dtype=input.dtype))
     src = src if isinstance(src, Tensor) else Tensor(_as_array(src))
     if src.dtype != input.dtype:
         raise RuntimeError(f"{what}(): Expected self.dtype to be equal to src.dtype "

@@ -13,7 +13,7 @@ from .._args import canonical_dim
 def _unwrap(i, on_gpu):
     """An index part as an array on the indexed tensor's device (PyTorch
     accepts host index tensors for a GPU tensor)."""
-    i = i.data if isinstance(i, Tensor) else i
+    i = i.array if isinstance(i, Tensor) else i
     return to_device(i, "gpu") if on_gpu and isinstance(i, np.ndarray) else i
 
 
@@ -118,7 +118,7 @@ def getitem(a, index):
     """``a[index]`` with NumPy's (and PyTorch's) indexing: ints (negative
     from the end), slices, None, Ellipsis, integer arrays and boolean masks,
     each possibly a Tensor."""
-    return Index.apply(a, index=unwrap_index(index, a.data))
+    return Index.apply(a, index=unwrap_index(index, a.array))
 
 
 def narrow(a, dim, start, length):

@@ -1,6 +1,6 @@
 """In-place methods (PyTorch's trailing-underscore methods, augmented
-assignment and ``t[i] = v``): they change ``.data`` where it lives and return
-the tensor, so a gradient whose ``.data`` is a view into a flat buffer
+assignment and ``t[i] = v``): they change ``.array`` where it lives and return
+the tensor, so a gradient whose ``.array`` is a view into a flat buffer
 (DataParallel's buckets) stays one: ``p.grad *= c`` scales the bucket.
 
 They record no graph. As PyTorch, a leaf that requires grad may change in
@@ -14,12 +14,12 @@ import operator
 
 from .._tensor import Tensor
 from ..autograd import is_grad_enabled
-from ..backend import device_of, to_device
+from ..backend import device_of, to_device, xp_of
 from .index import unwrap_index
 
 
 def _value(other):
-    return other.data if isinstance(other, Tensor) else other
+    return other.array if isinstance(other, Tensor) else other
 
 
 def _in_graph(t, name, other=None):
@@ -41,11 +41,11 @@ def _no_graph(t, name, other=None):
 
 
 def _augmented(name, fallback, update):
-    """``__iadd__`` & co.: in place on ``.data``, out of place inside a graph."""
+    """``__iadd__`` & co.: in place on ``.array``, out of place inside a graph."""
     def method(self, other):
         if _in_graph(self, name, other):
             return fallback(self, other)
-        update(self.data, _value(other))
+        update(self.array, _value(other))
         return self
     method.__name__ = name
     return method
@@ -61,7 +61,7 @@ def add_(self, other, *, alpha=1):
     """``self += alpha * other`` in place."""
     _no_graph(self, "add_", other)
     other = _value(other)
-    self.data += other if alpha == 1 else other * alpha
+    self.array += other if alpha == 1 else other * alpha
     return self
 
 
@@ -69,31 +69,41 @@ def sub_(self, other, *, alpha=1):
     """``self -= alpha * other`` in place."""
     _no_graph(self, "sub_", other)
     other = _value(other)
-    self.data -= other if alpha == 1 else other * alpha
+    self.array -= other if alpha == 1 else other * alpha
     return self
 
 
 def mul_(self, other):
     _no_graph(self, "mul_", other)
-    self.data *= _value(other)
+    self.array *= _value(other)
     return self
 
 
 def div_(self, other):
     _no_graph(self, "div_", other)
-    self.data /= _value(other)
+    self.array /= _value(other)
     return self
 
 
 def zero_(self):
     _no_graph(self, "zero_")
-    self.data.fill(0)
+    self.array.fill(0)
     return self
 
 
 def fill_(self, value):
     _no_graph(self, "fill_", value)
-    self.data.fill(_value(value))
+    self.array.fill(_value(value))
+    return self
+
+
+def clamp_(self, min=None, max=None):  # noqa: A002 - PyTorch's argument names
+    """Clip to [min, max] in place (either None; scalars or tensors), written
+    through ``out=`` so views of this array see it (``p.data.clamp_(-c, c)``)."""
+    _no_graph(self, "clamp_", min if isinstance(min, Tensor) else max)
+    if min is None and max is None:
+        raise RuntimeError("clamp_: at least one of 'min' or 'max' must not be None")
+    xp_of(self.array).clip(self.array, _value(min), _value(max), out=self.array)
     return self
 
 
@@ -102,23 +112,23 @@ def copy_(self, src, non_blocking=False):
     into this tensor's data; ``non_blocking`` is accepted for PyTorch's
     signature."""
     _no_graph(self, "copy_", src)
-    self.data[...] = to_device(_value(src), device_of(self.data))
+    self.array[...] = to_device(_value(src), device_of(self.array))
     return self
 
 
 def setitem(self, index, value):
     """``t[index] = value`` in place (index parts may be Tensors)."""
     _no_graph(self, "__setitem__", value)
-    index = unwrap_index(index, self.data)
+    index = unwrap_index(index, self.array)
     value = _value(value)
     if hasattr(value, "shape"):
-        value = to_device(value, device_of(self.data))
-    self.data[index] = value
+        value = to_device(value, device_of(self.array))
+    self.array[index] = value
     return None
 
 
 METHODS = {
     "__iadd__": iadd, "__isub__": isub, "__imul__": imul, "__itruediv__": itruediv,
     "add_": add_, "sub_": sub_, "mul_": mul_, "div_": div_, "zero_": zero_, "fill_": fill_,
-    "copy_": copy_, "__setitem__": setitem,
+    "clamp_": clamp_, "clip_": clamp_, "copy_": copy_, "__setitem__": setitem,
 }

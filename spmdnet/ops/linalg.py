@@ -68,7 +68,7 @@ def matmul(input, other):  # noqa: A002 - PyTorch's argument names
     """input @ other (1-D operands are vectors, batch dims broadcast); the
     dtypes must agree, as PyTorch's."""
     a, b = _tensor(input), _tensor(other)
-    xp_of(a.data, b.data)  # NumPy with CuPy raises TypeError naming both
+    xp_of(a.array, b.array)  # NumPy with CuPy raises TypeError naming both
     return MatMul.apply(a, b)
 
 

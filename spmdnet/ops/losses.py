@@ -191,8 +191,8 @@ class NLLLoss(_ClassIndexLoss):
 def _class_targets(name, input, target, ignore_index):
     """``target`` as an integer array fitting ``input``'s rows, checked, and
     the ``ignore_index`` the op needs (None when no target can be ignored)."""
-    xp = xp_of(input.data)
-    labels = xp.asarray(target.data if isinstance(target, Tensor) else target)
+    xp = xp_of(input.array)
+    labels = xp.asarray(target.array if isinstance(target, Tensor) else target)
     want = () if input.ndim == 1 else input.shape[:1] + input.shape[2:]
     if input.ndim == 0 or labels.shape != want:
         raise ValueError(f"{name}: expected input (N, C) or (N, C, d1, ...) and target "
@@ -216,7 +216,7 @@ def _class_targets(name, input, target, ignore_index):
 def _class_weight(name, weight, input):
     if weight is None:
         return None
-    w = weight.data if isinstance(weight, Tensor) else xp_of(input.data).asarray(weight)
+    w = weight.array if isinstance(weight, Tensor) else xp_of(input.array).asarray(weight)
     c = input.shape[1] if input.ndim > 1 else input.shape[0]
     if w.shape != (c,):
         raise ValueError(f"{name}: weight must have shape ({c},), one per class, got {w.shape}")
@@ -233,7 +233,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], "
                          f"got {label_smoothing}")
     w = _class_weight("cross_entropy", weight, input)
-    probs = target.data if isinstance(target, Tensor) else target
+    probs = target.array if isinstance(target, Tensor) else target
     if getattr(probs, "dtype", None) is not None and probs.dtype.kind == "f" \
             and probs.shape == input.shape:
         target = target if isinstance(target, Tensor) else Tensor(probs)

@@ -98,7 +98,7 @@ def _fill(self, name, draw, generator):
     (``nn.init`` imports the layers, which import the ops: not from here.)"""
     _no_graph(self, name)
     values = draw(default_generator() if generator is None else generator, self.shape)
-    self.data[...] = xp_of(self.data).asarray(values).astype(self.dtype, copy=False)
+    self.array[...] = xp_of(self.array).asarray(values).astype(self.dtype, copy=False)
     return self
 
 
@@ -119,7 +119,7 @@ def uniform_(self, *bounds, generator=None, **names):
 
 def is_contiguous(self, memory_format=None):
     """Whether the data is C-contiguous (a transposed view is not)."""
-    return bool(self.data.flags.c_contiguous)
+    return bool(self.array.flags.c_contiguous)
 
 
 _TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half",
@@ -133,7 +133,7 @@ def type(self, dtype=None, non_blocking=False):  # noqa: A001 - PyTorch's method
     """No argument: PyTorch's type string (``'torch.FloatTensor'``); a dtype
     or such a string: the tensor cast to it (itself when it already is)."""
     if dtype is None:
-        gpu = ".cuda" if is_cupy_array(self.data) else ""
+        gpu = ".cuda" if is_cupy_array(self.array) else ""
         return f"torch{gpu}.{_TYPE_NAMES.get(self.dtype.name, self.dtype.name)}Tensor"
     if isinstance(dtype, str) and dtype.startswith("torch."):
         name = dtype.rsplit(".", 1)[1]

@@ -43,8 +43,8 @@ class Step(Function):
 
 def square(input):  # noqa: A002 - PyTorch's argument name
     """input * input (bool input gives int64, as PyTorch)."""
-    if input.data.dtype.kind == "b":
-        input = Tensor(input.data.astype("int64"))
+    if input.array.dtype.kind == "b":
+        input = Tensor(input.array.astype("int64"))
     return Square.apply(input)
 
 

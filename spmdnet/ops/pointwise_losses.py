@@ -119,11 +119,11 @@ def _operands(name, input, target, *weights):
     def tensor(x):
         if x is None or isinstance(x, Tensor):
             return x
-        return Tensor(xp_of(input.data).asarray(x, dtype=input.dtype))
+        return Tensor(xp_of(input.array).asarray(x, dtype=input.dtype))
 
     def weight(w):
         w = tensor(w)
-        return w if w is None or w.dtype == input.dtype else Tensor(w.data.astype(input.dtype))
+        return w if w is None or w.dtype == input.dtype else Tensor(w.array.astype(input.dtype))
     target = tensor(target)
     if target.shape != input.shape:
         warnings.warn(f"{name}: Using a target size ({target.shape}) that is different to the "
@@ -131,7 +131,7 @@ def _operands(name, input, target, *weights):
                       "due to broadcasting. Please ensure they have the same size.",
                       UserWarning, stacklevel=3)
     try:
-        xp_of(*(x.data for x in (input, target, *weights) if isinstance(x, Tensor)))
+        xp_of(*(x.array for x in (input, target, *weights) if isinstance(x, Tensor)))
         np.broadcast_shapes(input.shape, target.shape)
     except ValueError:
         raise ValueError(f"{name}: input {input.shape} and target {target.shape} cannot be "
@@ -189,4 +189,4 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     target, weight, pos = _operands("binary_cross_entropy_with_logits", input, target,
                                     weight, pos_weight)
     return _apply(BCEWithLogitsLoss, input, target, weight, reduction,
-                  pos_weight=None if pos is None else pos.data)
+                  pos_weight=None if pos is None else pos.array)

@@ -158,7 +158,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: 
 def _indices_again(x, kernel, stride, padding, dilation, out):
     """The indices when no graph was recorded (forward under no_grad)."""
     ctx = MaxPool2d()
-    ctx.forward(x.data, kernel, stride, padding, dilation, out)
+    ctx.forward(x.array, kernel, stride, padding, dilation, out)
     return ctx.indices
 
 
@@ -169,7 +169,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,  # n
     x = input.unsqueeze(0) if unbatched else input
     kernel, stride, padding, _, out = _pool_args("avg_pool2d", x, kernel_size, stride,
                                                  padding, 1, ceil_mode)
-    xp = xp_of(x.data)
+    xp = xp_of(x.array)
     if divisor_override is not None:
         if divisor_override == 0:
             raise RuntimeError("avg_pool2d: divisor must be not zero")
@@ -257,7 +257,7 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):  # noqa: A002
         idx = op._ctx.indices
     else:
         ctx = AdaptiveMaxPool2d()
-        ctx.forward(x.data, out)
+        ctx.forward(x.array, out)
         idx = ctx.indices
     return values, Tensor(idx[0] if unbatched else idx)
 
@@ -276,7 +276,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest",  # noqa: A0
     if dims < 1:
         raise ValueError(f"interpolate: expected input of at least 3 dims, got "
                          f"{tuple(input.shape)}")
-    xp = xp_of(input.data)
+    xp = xp_of(input.array)
     ins = input.shape[2:]
     if size is not None:
         outs = (size,) * dims if isinstance(size, int) else tuple(size)

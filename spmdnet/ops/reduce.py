@@ -248,9 +248,9 @@ def _one_dim(name, dim, ndim):
 
 
 def _arg_index(name, a, dim, keepdim):
-    xp = xp_of(a.data)
+    xp = xp_of(a.array)
     if dim is None:
-        flat = a.data.reshape(-1)
+        flat = a.array.reshape(-1)
         if flat.size == 0:
             raise IndexError(f"{name}(): cannot take the {name} of an empty tensor")
         index = getattr(xp, name)(flat).astype(xp.int64)
@@ -259,7 +259,7 @@ def _arg_index(name, a, dim, keepdim):
     if a.ndim and a.shape[axis] == 0:
         raise IndexError(f"{name}(): expected reduction dim {dim} to have non-zero size "
                          f"(shape {a.shape})")
-    data = a.data if a.ndim else a.data.reshape(1)
+    data = a.array if a.ndim else a.array.reshape(1)
     index = getattr(xp, name)(data, axis=axis, keepdims=True).astype(xp.int64)
     return Tensor(index if keepdim or not a.ndim else index.squeeze(axis))
 
@@ -283,9 +283,9 @@ def _extreme(name, input, dim, keepdim, axis, keepdims):  # noqa: A002
     axis = _one_dim(name, dim, input.ndim)
     index = _arg_index(f"arg{name}", input, dim, True)
     if not input.ndim:
-        return pair(input, Tensor(index.data.reshape(())))
-    values = SelectAlong.apply(input, index=index.data, axis=axis, keepdims=keepdim)
-    return pair(values, index if keepdim else Tensor(index.data.squeeze(axis)))
+        return pair(input, Tensor(index.array.reshape(())))
+    values = SelectAlong.apply(input, index=index.array, axis=axis, keepdims=keepdim)
+    return pair(values, index if keepdim else Tensor(index.array.squeeze(axis)))
 
 
 def max(input, dim=None, keepdim=False, *, axis=None, keepdims=None):  # noqa: A001,A002
@@ -302,7 +302,7 @@ def min(input, dim=None, keepdim=False, *, axis=None, keepdims=None):  # noqa: A
 def _logical_reduction(name):
     def reduce(input, dim=None, keepdim=False, *, axis=None, keepdims=None):  # noqa: A002
         dim, keepdim = dim_arg(name, dim, axis, keepdim, keepdims)
-        data = input.data if isinstance(input, Tensor) else input
+        data = input.array if isinstance(input, Tensor) else input
         axes = normalize_axes(dim, data.ndim)
         return Tensor(getattr(xp_of(data), name)(data, axis=axes, keepdims=keepdim))
     reduce.__name__ = name
@@ -328,6 +328,6 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None, *, axis=None,  # n
     if p in (math.inf, -math.inf):
         return (amax if p > 0 else amin)(abs_(input), dim, keepdim)
     if p == 0:
-        return Tensor((input.data != 0).sum(axis=normalize_axes(dim, input.ndim),
+        return Tensor((input.array != 0).sum(axis=normalize_axes(dim, input.ndim),
                                             keepdims=keepdim).astype(input.dtype))
     return Norm.apply(input, p=p, axis=dim, keepdims=keepdim)

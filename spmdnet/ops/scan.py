@@ -50,7 +50,7 @@ class Cumprod(Function):
 def _scan(cls, input, dim, dtype):  # noqa: A002
     if dtype is not None:
         input = cast(input, dtype)
-    elif input.data.dtype.kind in "biu":
+    elif input.array.dtype.kind in "biu":
         input = cast(input, np.int64)
     return cls.apply(input, axis=canonical_dim(dim, input.ndim) if input.ndim else None)
 

@@ -81,9 +81,9 @@ class Minimum(_Extremum):
 
 def _condition(name, cond):
     cond = cond if isinstance(cond, Tensor) else Tensor(_as_array(cond))
-    if cond.data.dtype.kind != "b":
+    if cond.array.dtype.kind != "b":
         raise RuntimeError(f"{name}: expected a bool condition/mask tensor, "
-                           f"got dtype {cond.data.dtype}")
+                           f"got dtype {cond.array.dtype}")
     return cond
 
 
@@ -91,7 +91,7 @@ def where(condition, input, other):  # noqa: A002 - PyTorch's argument names
     """Elements of ``input`` where ``condition`` holds, else of ``other``."""
     cond = _condition("where", condition)
     a, b = promote(input, other)
-    xp_of(cond.data, a.data, b.data)
+    xp_of(cond.array, a.array, b.array)
     return Where.apply(cond, a, b)
 
 
@@ -104,8 +104,8 @@ def masked_fill(input, mask, value):  # noqa: A002
                                f"got shape {value.shape}")
         value = cast(value, input.dtype)
     else:
-        value = Tensor(xp_of(input.data).asarray(value, dtype=input.dtype))
-    xp_of(mask.data, input.data)  # NumPy with CuPy raises TypeError naming both
+        value = Tensor(xp_of(input.array).asarray(value, dtype=input.dtype))
+    xp_of(mask.array, input.array)  # NumPy with CuPy raises TypeError naming both
     if all(m in (1, n) for m, n in zip(mask.shape[::-1], input.shape[::-1])) \
             and mask.ndim <= input.ndim:
         return MaskedFill.apply(input, mask, value)

@@ -82,7 +82,7 @@ class Contiguous(Function):
 def reshape(a, *shape):
     """``a`` with a new shape (one dim may be -1); copies only where the
     memory layout needs it."""
-    return Reshape.apply(a, shape=infer_shape(shape_arg(shape), a.data.size))
+    return Reshape.apply(a, shape=infer_shape(shape_arg(shape), a.array.size))
 
 
 def view(a, *shape):
@@ -92,8 +92,8 @@ def view(a, *shape):
     if len(shape) == 1 and not isinstance(shape[0], (tuple, list, int, np.integer)):
         if a.requires_grad:
             raise RuntimeError("view(dtype) of a tensor that requires grad is not supported")
-        return type(a)(a.data.view(shape[0]))
-    return Reshape.apply(a, shape=infer_shape(shape_arg(shape), a.data.size))
+        return type(a)(a.array.view(shape[0]))
+    return Reshape.apply(a, shape=infer_shape(shape_arg(shape), a.array.size))
 
 
 def view_as(a, other):
@@ -229,4 +229,4 @@ def repeat(a, *sizes):
 
 def contiguous(a):
     """``a`` itself when its array is C-contiguous, else a contiguous copy."""
-    return a if a.data.flags.c_contiguous else Contiguous.apply(a)
+    return a if a.array.flags.c_contiguous else Contiguous.apply(a)

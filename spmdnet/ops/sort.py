@@ -51,8 +51,8 @@ def sort(input, dim=-1, descending=False, stable=False, *, axis=None):  # noqa: 
     """A named pair ``(values, indices)`` sorted along ``dim``."""
     axis = _one_dim("sort", dim if axis is None else axis, input.ndim)
     if not input.ndim:
-        return SortResult(input, Tensor(xp_of(input.data).zeros((), "int64")))
-    order = _order(input.data, axis, descending, stable)
+        return SortResult(input, Tensor(xp_of(input.array).zeros((), "int64")))
+    order = _order(input.array, axis, descending, stable)
     values = Permuted.apply(input, order=order, axis=axis, k=input.shape[axis])
     return SortResult(values, Tensor(order))
 
@@ -69,7 +69,7 @@ def topk(input, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - PyTorch's
     if not 0 <= k <= n:
         raise RuntimeError(f"topk(): k ({k}) is out of range for dim {dim} of size {n}")
     if not input.ndim:
-        return TopkResult(input, Tensor(xp_of(input.data).zeros((), "int64")))
-    order = _order(input.data, axis, largest)
+        return TopkResult(input, Tensor(xp_of(input.array).zeros((), "int64")))
+    order = _order(input.array, axis, largest)
     values = Permuted.apply(input, order=order, axis=axis, k=k)
     return TopkResult(values, Tensor(_head(order, axis, k)))

@@ -193,9 +193,9 @@ class GELU(_Activation):
 
 def _floating(t):
     """t, cast to the default float dtype when it holds integers or bools."""
-    if t.data.dtype.kind in "fc":
+    if t.array.dtype.kind in "fc":
         return t
-    return Tensor(t.data.astype(get_default_dtype()))
+    return Tensor(t.array.astype(get_default_dtype()))
 
 
 def _unary(cls):

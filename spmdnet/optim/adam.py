@@ -53,7 +53,7 @@ class Adam(Optimizer):
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p.data, p.grad.data, self.state.setdefault(p, {}), lr, b1, b2,
+                    self._update(p.array, p.grad.array, self.state.setdefault(p, {}), lr, b1, b2,
                                  eps, wd)
         return loss
 

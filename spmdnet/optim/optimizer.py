@@ -1,9 +1,9 @@
 """The Optimizer base class: parameter groups, per-parameter state, and
 checkpointing in PyTorch's ``state_dict`` layout.
 
-Optimizers work on raw arrays (``p.data``, ``p.grad.data``), never on
+Optimizers work on raw arrays (``p.array``, ``p.grad.array``), never on
 Tensors, so no autograd graph is recorded and no ``no_grad`` is needed. They update
-``p.data`` strictly in place: other objects (flat gradient buckets, views
+``p.array`` strictly in place: other objects (flat gradient buckets, views
 made by data-parallel wrappers) alias those buffers and must stay valid.
 """
 import numpy as np
@@ -149,16 +149,16 @@ class Optimizer:
             if not 0 <= idx < len(params):
                 raise ValueError(f"state for unknown parameter index {idx}")
             p = params[idx]
-            xp = xp_of(p.data)
+            xp = xp_of(p.array)
             entry = {}
             for k, v in st.items():
                 if hasattr(v, "shape") and np.ndim(v) > 0:
-                    if tuple(v.shape) != tuple(p.data.shape):
+                    if tuple(v.shape) != tuple(p.array.shape):
                         raise ValueError(
                             f"state '{k}' of parameter {idx} has shape "
                             f"{tuple(v.shape)}, the parameter has shape "
-                            f"{tuple(p.data.shape)}")
-                    v = xp.array(v, dtype=p.data.dtype)  # a copy, on p's device
+                            f"{tuple(p.array.shape)}")
+                    v = xp.array(v, dtype=p.array.dtype)  # a copy, on p's device
                 elif isinstance(v, np.ndarray):
                     v = v.item()
                 entry[k] = v

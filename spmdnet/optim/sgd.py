@@ -15,7 +15,7 @@ class SGD(Optimizer):
         p -= lr * g
 
     Every temporary goes through one scratch array per parameter, so a
-    step allocates nothing after the first and ``p.data`` (and ``p.grad``)
+    step allocates nothing after the first and ``p.array`` (and ``p.grad``)
     keep their identity and dtype. ``state[p]["momentum_buffer"]`` holds
     the buffer, as in PyTorch.
     """
@@ -43,7 +43,7 @@ class SGD(Optimizer):
             hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
                      float(group["weight_decay"]), group["nesterov"])
             for p in (p for p in group["params"] if p.grad is not None):
-                self._update(p.data, p.grad.data, self.state.setdefault(p, {}), *hyper)
+                self._update(p.array, p.grad.array, self.state.setdefault(p, {}), *hyper)
         return loss
 
     @staticmethod

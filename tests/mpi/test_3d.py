@@ -58,8 +58,8 @@ def test_pipeline_of_tensor_parallel_stages_with_data_parallel_equals_serial():
     for name, p in module.named_parameters():
         index, attr = name.split(".")
         q = serial_params[f"{int(index) + offset}.{attr}"]
-        np.testing.assert_allclose(p.grad.data, shard(q.grad.data, p, mesh), rtol=1e-10, atol=1e-13,
-                                   err_msg=name)
+        np.testing.assert_allclose(p.grad.array, shard(q.grad.array, p, mesh), rtol=1e-10,
+                                   atol=1e-13, err_msg=name)
     ddp.close()
     mesh.free()
 
@@ -94,11 +94,11 @@ def test_train_3d_example_model_equals_serial(tp, pp):
     for name, p in net.module.named_parameters():
         index, attr = name.split(".")
         q = serial_params[f"{int(index) + offset}.{attr}"]
-        np.testing.assert_allclose(p.data, shard(q.data, p, mesh), rtol=1e-10, atol=1e-13,
+        np.testing.assert_allclose(p.array, shard(q.array, p, mesh), rtol=1e-10, atol=1e-13,
                                    err_msg=name)
     net.eval()
     test = rng.standard_normal((5, IN))
-    np.testing.assert_allclose(np.asarray(net(sn.tensor(test)).data),
+    np.testing.assert_allclose(np.asarray(net(sn.tensor(test)).array),
                                serial(sn.tensor(test)).numpy(), rtol=1e-10, atol=1e-13)
     net.ddp.close()
     mesh.free()

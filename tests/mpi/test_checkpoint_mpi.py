@@ -32,7 +32,7 @@ def model_and_opt():
     model = nn.Linear(5, 3)
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for p in model.parameters():
-        opt.state[p] = {"momentum_buffer": np.ones_like(p.data)}
+        opt.state[p] = {"momentum_buffer": np.ones_like(p.array)}
     return model, opt
 
 

@@ -24,7 +24,7 @@ def grad_param(values, sharded_axis=None):
         p = nn.Parameter(np.zeros_like(values))
     else:
         p = parallel.ShardedParameter(np.zeros_like(values), sharded_axis)
-    p.grad = nn.Parameter(values.copy())  # any Tensor: clipping reads .grad.data
+    p.grad = nn.Parameter(values.copy())  # any Tensor: clipping reads .grad.array
     return p
 
 
@@ -58,7 +58,7 @@ def test_replicated_gradients_clip_as_the_serial_model(norm_type):
     total = parallel.clip_grad_norm_(params, want / 4, norm_type)
     assert total == pytest.approx(want, rel=1e-12) and total.item() == float(total)
     for p, g in zip(params, replicated):
-        np.testing.assert_allclose(p.grad.data, g * (want / 4) / (want + 1e-6), rtol=1e-12)
+        np.testing.assert_allclose(p.grad.array, g * (want / 4) / (want + 1e-6), rtol=1e-12)
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
@@ -70,13 +70,13 @@ def test_sharded_gradients_clip_as_the_gathered_gradient(norm_type):
     total = parallel.clip_grad_norm_(params, want / 3, norm_type, copies=1)
     assert total == pytest.approx(want, rel=1e-12)
     for p, g in zip(params, sharded):
-        np.testing.assert_allclose(p.grad.data, my_block(g) * (want / 3) / (want + 1e-6),
+        np.testing.assert_allclose(p.grad.array, my_block(g) * (want / 3) / (want + 1e-6),
                                    rtol=1e-12)
 
 
 def test_tensor_parallel_copies_count_each_value_once():
     """Replicated and sharded parameters together, ``copies`` a function (as
-    ``train_gpt``'s tensor parallelism: ``tp_split_axis`` marks a shard)."""
+    ``examples/gpt/train_tp.py``'s tensor parallelism: ``tp_split_axis`` marks a shard)."""
     dist.init()
     replicated, sharded = global_grads(2)
     params = [grad_param(g) for g in replicated]
@@ -89,7 +89,7 @@ def test_tensor_parallel_copies_count_each_value_once():
     assert total == pytest.approx(want, rel=1e-12)
     coef = (want / 2) / (want + 1e-6)
     for p, g in zip(params, replicated + [my_block(g) for g in sharded]):
-        np.testing.assert_allclose(p.grad.data, g * coef, rtol=1e-12)
+        np.testing.assert_allclose(p.grad.array, g * coef, rtol=1e-12)
     assert params[-1].grad is None
 
 
@@ -103,7 +103,7 @@ def test_no_clipping_below_max_norm_and_the_same_norm_everywhere():
     assert everyone == [everyone[0]] * dist.size()
     assert total == pytest.approx(want, rel=1e-12)
     for p, g in zip(params, replicated):
-        np.testing.assert_array_equal(p.grad.data, g)
+        np.testing.assert_array_equal(p.grad.array, g)
 
 
 @pytest.mark.parametrize("copies", [0, -1, "size+1", 1.5])

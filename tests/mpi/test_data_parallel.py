@@ -36,7 +36,7 @@ def local_slice(x):
 def params_hash(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(np.ascontiguousarray(p.data).tobytes())
+        h.update(np.ascontiguousarray(p.array).tobytes())
     return h.hexdigest()
 
 
@@ -59,7 +59,7 @@ def test_equals_serial_large_batch(opt_name, overlap, bucket_mb):
         train_step(ddp, opt, local_slice(x), local_slice(y))
         train_step(serial, serial_opt, x, y)
         for (name, p), q in zip(model.named_parameters(), serial.parameters()):
-            np.testing.assert_allclose(p.data, q.data, rtol=1e-10, atol=1e-12,
+            np.testing.assert_allclose(p.array, q.array, rtol=1e-10, atol=1e-12,
                                        err_msg=f"step {step} {name}")
         assert_replicas_identical(model)
     ddp.close()
@@ -84,7 +84,7 @@ def test_grads_are_views_into_buckets():
     assert len(ddp.buckets) > 1
     for bucket in ddp.buckets:
         for p in bucket.params:
-            assert np.shares_memory(p.grad.data, bucket.buffer)
+            assert np.shares_memory(p.grad.array, bucket.buffer)
     ddp.close()
 
 
@@ -151,7 +151,7 @@ def test_unused_parameters_contribute_zeros():
     total = sum(serial(sn.tensor(x[r:r + 1]), r == 0).sum() for r in range(dist.size()))
     (total / dist.size()).backward()
     for (name, p), q in zip(model.named_parameters(), serial.parameters()):
-        want = q.grad if q.grad is not None else np.zeros_like(q.data)
+        want = q.grad if q.grad is not None else np.zeros_like(q.array)
         np.testing.assert_allclose(p.grad, want, rtol=1e-12, atol=1e-14, err_msg=name)
     ddp.close()
 

@@ -84,7 +84,7 @@ def serial_step(model, opt, x, y):
     F.cross_entropy(model(sn.tensor(x)), y).backward()
     for p in model.parameters():  # DataParallel's rule: no gradient counts as zero
         if p.grad is None:
-            p.grad = np.zeros_like(p.data)
+            p.grad = np.zeros_like(p.array)
     opt.step()
 
 
@@ -147,14 +147,14 @@ def test_shard_sizes_are_ceil_numel_over_n():
     n = dist.size()
     expected = {"": 4 * D + D + D * 3 + 3, "blocks.0": 2 * D + D * H + H + H * D + D + 2 * 3 + 3,
                 "blocks.0.inner": H * H + H}
-    sizes = {u.name: (sum(f.numel for f in u.flats), sum(f.shard.data.size for f in u.flats))
+    sizes = {u.name: (sum(f.numel for f in u.flats), sum(f.shard.array.size for f in u.flats))
              for u in fsdp.units}
     for name, numel in expected.items():
         assert sizes[name] == (numel, math.ceil(numel / n)), name
     assert len(fsdp.units) == 1 + 3 * 2  # root, 3 blocks, 3 inner units
-    assert sum(p.data.size for p in fsdp.parameters()) == sum(math.ceil(s[0] / n)
+    assert sum(p.array.size for p in fsdp.parameters()) == sum(math.ceil(s[0] / n)
                                                               for s in sizes.values())
-    assert all(p.data.size == 0 for p in net.parameters())  # no full data between steps
+    assert all(p.array.size == 0 for p in net.parameters())  # no full data between steps
     fsdp.close()
 
 
@@ -223,12 +223,12 @@ def test_no_full_parameters_or_gradients_alive_between_steps(monkeypatch):
         fsdp.pool.clear()
         gc.collect()
         live = [ref() for ref in alive if ref() is not None]
-        grads = {id(p.grad.data) for p in fsdp.parameters()}
+        grads = {id(p.grad.array) for p in fsdp.parameters()}
         # on one rank the padded flat gradient is the shard's gradient itself
         assert alive and all(dist.size() == 1 and id(a) in grads for a in live)
-        assert all(p.data.size == 0 and p.grad is None and p.grad_buffer is None
+        assert all(p.array.size == 0 and p.grad is None and p.grad_buffer is None
                    for p in net.parameters())
-        assert all(p.grad is not None and p.grad.data.shape == p.data.shape
+        assert all(p.grad is not None and p.grad.array.shape == p.array.shape
                    for p in fsdp.parameters())
         fsdp.close()
 
@@ -243,7 +243,7 @@ def test_no_sync_accumulates_then_reduces():
         F.cross_entropy(ref(sn.tensor(x)), y).backward()
     for p in ref.parameters():
         if p.grad is None:
-            p.grad = np.zeros_like(p.data)
+            p.grad = np.zeros_like(p.array)
     ref_opt.step()
     opt.zero_grad()
     with fsdp.no_sync():
@@ -261,12 +261,12 @@ def test_clip_grad_norm_is_global():
     x, y = global_batch(2)
     F.cross_entropy(ref(sn.tensor(x)), y).backward()
     F.cross_entropy(fsdp(sn.tensor(local((x, y))[0])), local((x, y))[1]).backward()
-    expected = math.sqrt(sum(float((p.grad.data ** 2).sum())
+    expected = math.sqrt(sum(float((p.grad.array ** 2).sum())
                              for p in ref.parameters() if p.grad is not None))
     assert fsdp.clip_grad_norm_(expected / 2) == pytest.approx(expected, rel=1e-12)
     optim.clip_grad_norm_([p for p in ref.parameters() if p.grad is not None], expected / 2)
     for p in ref.parameters():
-        p.grad = np.zeros_like(p.data) if p.grad is None else p.grad
+        p.grad = np.zeros_like(p.array) if p.grad is None else p.grad
     optim.SGD(ref.parameters(), lr=1.0).step()
     optim.SGD(fsdp.parameters(), lr=1.0).step()
     assert_same_state(fsdp, ref)
@@ -301,8 +301,8 @@ def test_eval_under_no_grad_matches_serial():
     x, _ = global_batch(3)
     with sn.no_grad():
         out = fsdp(sn.tensor(x))
-    np.testing.assert_allclose(out.data, ref(sn.tensor(x)).data, rtol=1e-12)
-    assert all(p.data.size == 0 for p in fsdp.module.parameters())
+    np.testing.assert_allclose(out.array, ref(sn.tensor(x)).array, rtol=1e-12)
+    assert all(p.array.size == 0 for p in fsdp.module.parameters())
     fsdp.close()
 
 
@@ -351,7 +351,7 @@ def test_wrapped_model_state_dict_is_the_full_state_and_close_restores_it():
     fsdp.close()
     ref = serial()
     x, _ = global_batch(4)
-    np.testing.assert_allclose(net(sn.tensor(x)).data, ref(sn.tensor(x)).data, rtol=1e-12)
+    np.testing.assert_allclose(net(sn.tensor(x)).array, ref(sn.tensor(x)).array, rtol=1e-12)
 
 
 class DropBlock(nn.Module):
@@ -464,7 +464,7 @@ def test_nonfinite_skip_skips_the_step_everywhere():
     for k in before:
         np.testing.assert_array_equal(after[k], before[k], err_msg=k)
     fsdp_step(fsdp, opt, *local(global_batch(1)))  # the next, healthy step goes through
-    assert all(p.grad is not None and np.isfinite(p.grad.data).all() for p in fsdp.parameters())
+    assert all(p.grad is not None and np.isfinite(p.grad.array).all() for p in fsdp.parameters())
     assert fsdp.skipped_steps == 1 and fsdp.steps == 2
     fsdp.close()
 

@@ -140,7 +140,7 @@ def test_adamw_groups_equal_serial_training():
         assert_same(fsdp.state_dict(), ref.state_dict())
     ln = fsdp.state_dict()["ln_f.weight"]
     assert np.abs(ln - plain.state_dict()["ln_f.weight"]).max() > 1e-6  # groups mattered
-    assert all(p.data.size == 0 for p in fsdp.module.parameters())
+    assert all(p.array.size == 0 for p in fsdp.module.parameters())
     fsdp.close()
 
 
@@ -237,5 +237,5 @@ def test_nonfinite_skip_drops_every_groups_gradient():
     opt.step()
     assert_same(fsdp.state_dict(), before, exact=True)
     fsdp_step(fsdp, opt, *global_batch(1))  # the next, healthy step goes through
-    assert all(p.grad is not None and np.isfinite(p.grad.data).all() for p in fsdp.parameters())
+    assert all(p.grad is not None and np.isfinite(p.grad.array).all() for p in fsdp.parameters())
     fsdp.close()

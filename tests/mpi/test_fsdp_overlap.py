@@ -215,7 +215,7 @@ class Table(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.rows = nn.Parameter(sn.randn(3, D).data)
+        self.rows = nn.Parameter(sn.randn(3, D).array)
 
     def forward(self, x):
         return self.rows[1]  # broadcast over the batch
@@ -248,6 +248,6 @@ def test_outputs_that_view_parameters_survive_buffer_reuse(reshard):
     _, (x, _) = batch(9)
     with sn.no_grad():
         for _ in range(2):
-            np.testing.assert_allclose(fsdp(sn.tensor(x)).data, ref(sn.tensor(x)).data,
+            np.testing.assert_allclose(fsdp(sn.tensor(x)).array, ref(sn.tensor(x)).array,
                                        rtol=1e-12, atol=1e-12)
     fsdp.close()

@@ -73,5 +73,5 @@ def train_against_serial(mesh, opt_name):
         for name, value in entries.items():
             if np.ndim(value):
                 assert np.shape(value) == state[key].shape, (key, name)
-    assert all(p.data.size == 0 for p in model.parameters())
+    assert all(p.array.size == 0 for p in model.parameters())
     fsdp.close()

@@ -55,7 +55,7 @@ def test_data_parallel_on_gpu_equals_cpu(cuda_aware):
         x = backend.to_device(np.random.default_rng(dist.rank()).standard_normal((4, 5))
                               .astype(np.float32), device)
         F.cross_entropy(ddp(sn.Tensor(x)), backend.to_device(np.arange(4) % 3, device)).backward()
-        grads = [backend.asnumpy(p.grad.data) for p in model.parameters()]
+        grads = [backend.asnumpy(p.grad.array) for p in model.parameters()]
         ddp.close()
         return grads
     for g_cpu, g_gpu in zip(run("cpu"), run("gpu")):

@@ -1,5 +1,5 @@
 """.grad is a Tensor under DataParallel and ZeRO: one Tensor per parameter,
-made once, whose .data is a view into its gradient bucket, through steps,
+made once, whose .array is a view into its gradient bucket, through steps,
 zero_grad (both modes), no_sync, clipping and assigned gradients."""
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ def assert_grads_home(ddp, homes):
         for p in bucket.params:
             assert p.grad is homes[id(p)] and p.grad is p.grad_buffer
             assert isinstance(p.grad, sn.Tensor)
-            assert np.shares_memory(p.grad.data, bucket.buffer)
+            assert np.shares_memory(p.grad.array, bucket.buffer)
 
 
 def assert_replicas_equal(arrays):
@@ -50,7 +50,7 @@ def test_grads_stay_bucket_views_through_steps_no_sync_and_clipping():
         else:
             opt.zero_grad(set_to_none=False)
             assert_grads_home(ddp, homes)
-            assert all(not p.grad.data.any() for p in model.parameters())
+            assert all(not p.grad.array.any() for p in model.parameters())
         if micro:
             with ddp.no_sync():
                 x, y = batch(100 + step)
@@ -67,10 +67,10 @@ def test_grads_stay_bucket_views_through_steps_no_sync_and_clipping():
             assert_grads_home(ddp, homes)
             for b, old in zip(ddp.buckets, before):  # clipping wrote the buckets
                 np.testing.assert_allclose(b.buffer, old * clip / (total + 1e-6), rtol=1e-12)
-            after = np.sqrt(sum(float((p.grad.data ** 2).sum()) for p in model.parameters()))
+            after = np.sqrt(sum(float((p.grad.array ** 2).sum()) for p in model.parameters()))
             assert after == pytest.approx(clip, rel=1e-5)
         opt.step()
-        assert_replicas_equal([p.data for p in model.parameters()])
+        assert_replicas_equal([p.array for p in model.parameters()])
     ddp.close()
 
 
@@ -87,9 +87,9 @@ def test_assigned_gradient_is_brought_home_and_reduced(assign):
     assert layer.weight.grad is home
     assign(layer.weight, np.full((4, 1), float(dist.rank())))
     ddp(sn.tensor(np.array([[2.0]]))).sum().backward()  # accumulates 2 onto rank
-    assert layer.weight.grad is home and home.data is ddp.buckets[0].views[0]
-    assert np.shares_memory(home.data, ddp.buckets[0].buffer)
-    np.testing.assert_array_equal(home.data, np.full((4, 1), (dist.size() - 1) / 2 + 2.0))
+    assert layer.weight.grad is home and home.array is ddp.buckets[0].views[0]
+    assert np.shares_memory(home.array, ddp.buckets[0].buffer)
+    np.testing.assert_array_equal(home.array, np.full((4, 1), (dist.size() - 1) / 2 + 2.0))
     ddp.close()
 
 
@@ -108,6 +108,6 @@ def test_zero_over_data_parallel_keeps_bucket_views():
         zo.step()
         if shard_grad is None:
             shard_grad = zo.shard_param.grad
-        assert zo.shard_param.grad is shard_grad and shard_grad.data is zo.grad_shard
-        assert_replicas_equal([p.data for p in model.parameters()])
+        assert zo.shard_param.grad is shard_grad and shard_grad.array is zo.grad_shard
+        assert_replicas_equal([p.array for p in model.parameters()])
     ddp.close()

@@ -63,7 +63,7 @@ def test_uneven_batches_under_join_equal_the_oracle(opt_name, overlap):
             opt.step()
     expected = oracle(size, opt_name)
     for (name, p), q in zip(model.named_parameters(), expected.parameters()):
-        np.testing.assert_allclose(p.data, q.data, rtol=1e-12, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(p.array, q.array, rtol=1e-12, atol=1e-14, err_msg=name)
     assert ddp.steps == max(BATCHES[:size])  # the shadows counted their steps too
     # and the next, even epoch runs as usual
     loss = loss_of(ddp, rank, 99)
@@ -81,6 +81,6 @@ def test_join_with_even_batches_is_plain_data_parallel():
             opt.zero_grad()
             loss.backward()
             opt.step()
-    hashes = MPI.COMM_WORLD.allgather(b"".join(p.data.tobytes() for p in model.parameters()))
+    hashes = MPI.COMM_WORLD.allgather(b"".join(p.array.tobytes() for p in model.parameters()))
     assert len(set(hashes)) == 1
     ddp.close()

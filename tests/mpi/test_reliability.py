@@ -53,7 +53,7 @@ def test_check_mode_passes_matching_collectives(debug_collectives):
 
 
 def replicas_hash(model):
-    h = hashlib.sha256(b"".join(p.data.tobytes() for p in model.parameters())).hexdigest()
+    h = hashlib.sha256(b"".join(p.array.tobytes() for p in model.parameters())).hexdigest()
     return MPI.COMM_WORLD.allgather(h)
 
 
@@ -65,7 +65,7 @@ def nan_step(mode):
     x = np.ones((2, 3), np.float32)
     if dist.rank() == dist.size() - 1:
         x[0, 0] = np.nan  # the last rank's data is broken
-    before = [p.data.copy() for p in model.parameters()]
+    before = [p.array.copy() for p in model.parameters()]
     loss = F.cross_entropy(ddp(sn.tensor(x)), np.array([0, 1]))
     opt.zero_grad()
     return ddp, model, opt, loss, before
@@ -87,7 +87,7 @@ def test_nonfinite_skip_skips_the_step_everywhere():
     assert all(p.grad is None for p in model.parameters())
     opt.step()  # a no-op: no gradients
     for p, b in zip(model.parameters(), before):
-        np.testing.assert_array_equal(p.data, b)
+        np.testing.assert_array_equal(p.array, b)
     assert ddp.skipped_steps == 1 and len(set(replicas_hash(model))) == 1
     # the next, healthy step goes through
     out = ddp(sn.tensor(np.ones((2, 3), np.float32)))

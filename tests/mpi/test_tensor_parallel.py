@@ -55,7 +55,7 @@ def values(seed, shape):
 def test_shards_are_slices_of_the_dense_init(mesh):
     dense, model = dense_mlp(0).state_dict(), tp_mlp(0, mesh.tp)
     for key, p in model.named_parameters():
-        np.testing.assert_array_equal(p.data, shard(dense[key], key, mesh), err_msg=key)
+        np.testing.assert_array_equal(p.array, shard(dense[key], key, mesh), err_msg=key)
         assert getattr(p, "tp_split_axis", None) == SPLIT[key], key
 
 
@@ -68,13 +68,13 @@ def test_mlp_equals_dense(mesh, gather):
         x = sn.tensor(x_val, requires_grad=True)
         out = net(x)
         (out * sn.tensor(w_out)).sum().backward()
-        outs.append(out.data)
-        grads.append(x.grad.data)
+        outs.append(out.array)
+        grads.append(x.grad.array)
     np.testing.assert_allclose(outs[1], outs[0], **TOL)
     np.testing.assert_allclose(grads[1], grads[0], **TOL)
     want = dict(dense.named_parameters())
     for key, p in model.named_parameters():
-        np.testing.assert_allclose(p.grad.data, shard(want[key].grad.data, key, mesh), **TOL,
+        np.testing.assert_allclose(p.grad.array, shard(want[key].grad.array, key, mesh), **TOL,
                                    err_msg=key)
 
 
@@ -83,7 +83,7 @@ def run(fn, x_val, g_val, comm):
     x = sn.tensor(x_val, requires_grad=True)
     y = fn(x, comm)
     y.backward(g_val)
-    return y.data, x.grad.data
+    return y.array, x.grad.array
 
 
 def test_copy_to_group(mesh):
@@ -140,7 +140,7 @@ def test_tp_dp_training_equals_serial_large_batch(mesh, opt_name):
         train_step(serial, serial_opt, x, y)
         want = serial.state_dict()
         for key, p in model.named_parameters():
-            np.testing.assert_allclose(p.data, shard(want[key], key, mesh), **TOL,
+            np.testing.assert_allclose(p.array, shard(want[key], key, mesh), **TOL,
                                        err_msg=f"step {step} {key}")
     ddp.close()
 
@@ -157,14 +157,14 @@ def test_gather_then_scatter_round_trip(mesh):
         serial = dense_mlp(9)
         serial.load_state_dict(state)  # a TP model's weights load into a serial one
         x = sn.tensor(values(3, (BATCH, IN)))
-        np.testing.assert_allclose(serial(x).data, model(x).data, **TOL)
+        np.testing.assert_allclose(serial(x).array, model(x).array, **TOL)
     else:
         assert state is None
         model(sn.tensor(values(3, (BATCH, IN))))  # the forward's collectives
     other = dense_mlp(1).state_dict()
     parallel.scatter_state_dict(model, other if dist.rank() == 0 else None, mesh)
     for key, p in model.named_parameters():
-        np.testing.assert_array_equal(p.data, shard(other[key], key, mesh), err_msg=key)
+        np.testing.assert_array_equal(p.array, shard(other[key], key, mesh), err_msg=key)
     again = parallel.gather_state_dict(model, mesh)
     if dist.rank() == 0:
         for key in other:
@@ -204,9 +204,9 @@ def test_passing_the_mesh_instead_of_its_group_raises(mesh):
 def masks(comm, inside):
     ones = sn.tensor(np.ones((4, 64)))
     if not inside:
-        return comm.allgather(F.dropout(ones, 0.5).data)
+        return comm.allgather(F.dropout(ones, 0.5).array)
     with parallel.tp_rng_region(comm):
-        return comm.allgather(F.dropout(ones, 0.5).data)
+        return comm.allgather(F.dropout(ones, 0.5).array)
 
 
 def all_different(arrays):
@@ -234,7 +234,7 @@ def test_dropout_differs_inside_a_tp_region_and_agrees_outside(mesh):
 def test_dropout_region_on_same_tp_rank_agrees_across_dp(mesh):
     sn.manual_seed(0)
     with parallel.tp_rng_region(mesh):
-        mask = F.dropout(sn.tensor(np.ones((4, 64))), 0.5).data
+        mask = F.dropout(sn.tensor(np.ones((4, 64))), 0.5).array
     everyone = mesh.dp.allgather(mask)
     assert all(np.array_equal(m, mask) for m in everyone)
 
@@ -245,12 +245,12 @@ def test_rng_state_covers_forked_streams_and_parallel_dropout(mesh):
     ones = sn.tensor(np.ones((4, 64)))
     layer(ones)
     state = sn.get_rng_state()
-    first = layer(ones).data
+    first = layer(ones).array
     sn.set_rng_state(state)
-    np.testing.assert_array_equal(layer(ones).data, first)
+    np.testing.assert_array_equal(layer(ones).array, first)
     sn.manual_seed(0)
     with parallel.tp_rng_region(mesh):
         F.dropout(ones, 0.5)
-        np.testing.assert_array_equal(F.dropout(ones, 0.5).data, first)
+        np.testing.assert_array_equal(F.dropout(ones, 0.5).array, first)
     layer.eval()
     assert layer(ones) is ones

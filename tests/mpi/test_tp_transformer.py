@@ -45,7 +45,7 @@ def local(full, p, mesh):
 def assert_grads_match(serial, model, mesh):
     want = dict(serial.named_parameters())
     for key, p in model.named_parameters():
-        np.testing.assert_allclose(p.grad.data, local(want[key].grad.data, p, mesh), **TOL,
+        np.testing.assert_allclose(p.grad.array, local(want[key].grad.array, p, mesh), **TOL,
                                    err_msg=key)
 
 
@@ -67,8 +67,8 @@ def test_self_attention_equals_multihead(mesh, mode):
         else:
             out = net(x, is_causal=True) if mode == "causal" else net(x, attn_mask=mask)
         (out * sn.tensor(w_out)).sum().backward()
-        outs.append(out.data)
-        grads.append(x.grad.data)
+        outs.append(out.array)
+        grads.append(x.grad.array)
     np.testing.assert_allclose(outs[1], outs[0], **TOL)
     np.testing.assert_allclose(grads[1], grads[0], **TOL)
     assert_grads_match(serial, model, mesh)
@@ -85,7 +85,7 @@ def test_vocab_parallel_embedding_equals_embedding(mesh):
     for net in (serial, model):
         out = net(sn.tensor(idx))
         (out * sn.tensor(w_out)).sum().backward()
-        outs.append(out.data)
+        outs.append(out.array)
     np.testing.assert_allclose(outs[1], outs[0], **TOL)
     assert_grads_match(serial, model, mesh)
 
@@ -100,11 +100,11 @@ def test_vocab_parallel_cross_entropy_equals_cross_entropy(mesh):
     shard = sn.tensor(split_shard(full, 1, mesh.tp_size, mesh.tp_rank), requires_grad=True)
     loss = parallel.vocab_parallel_cross_entropy(shard, target, mesh.tp)
     (loss * 1.5).backward()
-    np.testing.assert_allclose(loss.data, want.data, **TOL)
-    np.testing.assert_allclose(shard.grad.data,
-                               1.5 * split_shard(logits.grad.data, 1, mesh.tp_size,
+    np.testing.assert_allclose(loss.array, want.array, **TOL)
+    np.testing.assert_allclose(shard.grad.array,
+                               1.5 * split_shard(logits.grad.array, 1, mesh.tp_size,
                                                  mesh.tp_rank), **TOL)
-    assert np.all(shard.grad.data[[1, 4]] == 0)
+    assert np.all(shard.grad.array[[1, 4]] == 0)
 
 
 class Block(nn.Module):
@@ -172,7 +172,7 @@ def test_gpt_equals_serial(mesh):
             opt.zero_grad()
             loss = net.loss(idx, target)
             loss.backward()
-            losses.append(float(loss.data))
+            losses.append(float(loss.array))
         np.testing.assert_allclose(losses[1], losses[0], **TOL)
         assert_grads_match(serial, model, mesh)
         for opt in opts:
@@ -182,7 +182,7 @@ def test_gpt_equals_serial(mesh):
     after = {"rtol": 1e-9, "atol": 1e-9}
     want = serial.state_dict()
     for key, p in model.named_parameters():
-        np.testing.assert_allclose(p.data, local(want[key], p, mesh), **after, err_msg=key)
+        np.testing.assert_allclose(p.array, local(want[key], p, mesh), **after, err_msg=key)
     full = parallel.gather_state_dict(model, mesh)
     if full is not None:
         assert full.keys() == want.keys()
@@ -215,14 +215,14 @@ def test_gpt_tp2_with_data_parallel_equals_serial_on_the_global_batch():
             want.backward()
             loss = model.loss(idx[rows], target[rows], logits=ddp(sn.tensor(idx[rows])))
             loss.backward()  # returns with the gradients averaged over mesh.dp
-            mean = dist.allreduce(float(loss.data), "mean", comm=mesh.dp)
-            np.testing.assert_allclose(mean, float(want.data), **TOL)
+            mean = dist.allreduce(float(loss.array), "mean", comm=mesh.dp)
+            np.testing.assert_allclose(mean, float(want.array), **TOL)
             assert_grads_match(serial, model, mesh)
             for opt in opts:
                 opt.step()
         want = serial.state_dict()
         for key, p in model.named_parameters():
-            np.testing.assert_allclose(p.data, local(want[key], p, mesh), rtol=1e-9, atol=1e-9,
+            np.testing.assert_allclose(p.array, local(want[key], p, mesh), rtol=1e-9, atol=1e-9,
                                        err_msg=key)
 
 
@@ -238,19 +238,19 @@ def test_state_dict_round_trip_by_heads(mesh):
             np.testing.assert_array_equal(full[key], value, err_msg=key)
     sn.manual_seed(5)  # a different serial model: load it into the TP layer and back
     other = nn.MultiheadAttention(E, H, batch_first=True)
-    want = other(x, x, x, need_weights=False)[0].data
+    want = other(x, x, x, need_weights=False)[0].array
     parallel.scatter_state_dict(model, other.state_dict(), mesh)
-    np.testing.assert_allclose(model(x).data, want, **TOL)
+    np.testing.assert_allclose(model(x).array, want, **TOL)
     back = parallel.gather_state_dict(model, mesh)
     if back is not None:
         sn.manual_seed(9)
         fresh = nn.MultiheadAttention(E, H, batch_first=True)
         fresh.load_state_dict(back)
-        np.testing.assert_allclose(fresh(x, x, x, need_weights=False)[0].data, want, **TOL)
+        np.testing.assert_allclose(fresh(x, x, x, need_weights=False)[0].array, want, **TOL)
     sn.manual_seed(0)
     model.load_serial(same_seed)
-    np.testing.assert_allclose(model(x).data,
-                               same_seed(x, x, x, need_weights=False)[0].data, **TOL)
+    np.testing.assert_allclose(model(x).array,
+                               same_seed(x, x, x, need_weights=False)[0].array, **TOL)
 
 
 def test_self_attention_one_allreduce_each_way(mesh, monkeypatch):

@@ -29,7 +29,7 @@ def batch(step):
 @pytest.mark.parametrize("reduce_gradients", [False, True])
 def test_zero_equals_data_parallel(cls, kw, reduce_gradients):
     ref_model, model = make_model(), make_model()
-    numel = sum(p.data.size for p in model.parameters())
+    numel = sum(p.array.size for p in model.parameters())
     assert numel == 89 and (dist.size() == 1 or numel % dist.size())  # an uneven split
     ref = parallel.DataParallel(ref_model)
     ref_opt = cls(ref_model.parameters(), **kw)
@@ -43,7 +43,7 @@ def test_zero_equals_data_parallel(cls, kw, reduce_gradients):
             F.cross_entropy(m(sn.tensor(x)), y).backward()
             o.step()
         for p, q in zip(model.parameters(), ref_model.parameters()):
-            np.testing.assert_allclose(p.data, q.data, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(p.array, q.array, rtol=1e-12, atol=1e-14)
     full, expected = zo.state_dict(), ref_opt.state_dict()
     assert full["param_groups"][0]["params"] == expected["param_groups"][0]["params"]
     for i, entries in expected["state"].items():

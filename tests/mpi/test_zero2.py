@@ -43,12 +43,12 @@ def zero_unused_grads(model):
     """Unused parameters get zero gradients (what data parallelism gives them)."""
     for p in trainable(model):
         if p.grad is None:
-            p.grad = np.zeros_like(p.data)
+            p.grad = np.zeros_like(p.array)
 
 
 def assert_same_parameters(model, ref):
     for p, q in zip(model.parameters(), ref.parameters()):
-        assert_close(p.data, q.data)
+        assert_close(p.array, q.array)
 
 
 def serial_step(model, opt, x, y, max_norm=None):
@@ -138,7 +138,7 @@ def test_zero2_checkpoint_resumes_like_uninterrupted():
         zero_step(model, zo, *batch)
         zero_step(other, zo2, *batch)
     for p, q in zip(model.parameters(), other.parameters()):
-        np.testing.assert_array_equal(p.data, q.data)
+        np.testing.assert_array_equal(p.array, q.array)
     zo.close()
     zo2.close()
 

@@ -26,12 +26,12 @@ def vector_to_parameters(vec, parameters):
     if vec.ndim != 1:
         raise ValueError(f"vec must be 1-D, got shape {tuple(vec.shape)}")
     params = list(parameters)
-    total = sum(p.data.size for p in params)
+    total = sum(p.array.size for p in params)
     if total != vec.shape[0]:
         raise ValueError(f"vector_to_parameters: vec has {vec.shape[0]} elements, the "
                          f"parameters hold {total}")
     offset = 0
     for p in params:
-        n = p.data.size
-        p.data[...] = xp_of(p.data).asarray(vec.data[offset:offset + n]).reshape(p.data.shape)
+        n = p.array.size
+        p.array[...] = xp_of(p.array).asarray(vec.array[offset:offset + n]).reshape(p.array.shape)
         offset += n

@@ -89,7 +89,7 @@ def check_finite(total, norm_type):
 def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """The norm of ``tensors`` (Tensors or arrays) concatenated into one vector."""
     tensors = [tensors] if hasattr(tensors, "shape") else tensors
-    arrays = [t.data if isinstance(t, Tensor) else t for t in tensors if t is not None]
+    arrays = [t.array if isinstance(t, Tensor) else t for t in tensors if t is not None]
     total = norm_from_power(norm_power(arrays, norm_type), norm_type)
     if error_if_nonfinite:
         check_finite(total, norm_type)

@@ -79,12 +79,12 @@ def assign_buckets(params, first_bytes, cap_bytes):
     groups, current, size = [], [], 0
     for p in params:
         cap = first_bytes if not groups else cap_bytes
-        same_dtype = not current or current[0].data.dtype == p.data.dtype
-        if current and (not same_dtype or size + p.data.nbytes > cap):
+        same_dtype = not current or current[0].array.dtype == p.array.dtype
+        if current and (not same_dtype or size + p.array.nbytes > cap):
             groups.append(current)
             current, size = [], 0
         current.append(p)
-        size += p.data.nbytes
+        size += p.array.nbytes
     if current:
         groups.append(current)
     return groups

@@ -3,7 +3,7 @@
 Parameters are packed in reverse registration order (the order backward
 makes their gradients final), one dtype per bucket; the first bucket is
 small (``first_bytes``) so communication starts early, the others hold up to
-``cap_bytes``. Every parameter's ``grad_buffer`` is a Tensor whose ``.data``
+``cap_bytes``. Every parameter's ``grad_buffer`` is a Tensor whose ``.array``
 is a view into its bucket, made once; backward writes gradients straight
 into the buffer that MPI reduces and makes that same Tensor the ``.grad``: a
 step neither allocates nor copies for communication (DDP's
@@ -21,9 +21,9 @@ class Bucket:
     def __init__(self, index, params):
         self.index = index
         self.params = params
-        first = params[0].data
+        first = params[0].array
         self.dtype = first.dtype
-        self.layout = FlatLayout([p.data.shape for p in params])
+        self.layout = FlatLayout([p.array.shape for p in params])
         self.numel = self.layout.numel
         self.buffer = xp_of(first).zeros(self.numel, dtype=self.dtype)
         self.views = self.layout.views(self.buffer)
@@ -38,12 +38,12 @@ class Bucket:
     def pack_data(self):
         """Copy the parameters' values into the buffer (for broadcasting)."""
         for p, view in zip(self.params, self.views):
-            view[...] = p.data
+            view[...] = p.array
 
     def unpack_data(self):
         """Copy the buffer back into the parameters' values, in place."""
         for p, view in zip(self.params, self.views):
-            p.data[...] = view
+            p.array[...] = view
 
     def reset(self):
         self.ready = 0
@@ -57,7 +57,7 @@ def build_buckets(params, first_bytes, cap_bytes):
     for bucket in buckets:
         for p, home in zip(bucket.params, bucket.homes):
             if p.grad is not None:
-                home.data[...] = p.grad.data
+                home.array[...] = p.grad.array
                 p.grad = home
             p.grad_buffer = home
     return buckets

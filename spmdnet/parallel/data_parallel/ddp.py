@@ -5,7 +5,7 @@ rank 0's parameters. During backward, each bucket of gradients starts its
 allreduce as soon as all its gradients are final; when ``loss.backward()``
 returns, every ``.grad`` holds the mean over the communicator, identical on
 all ranks. Each ``.grad`` is one Tensor per parameter, made once, whose
-``.data`` is a view into its bucket (``buckets.Bucket.homes``). See
+``.array`` is a view into its bucket (``buckets.Bucket.homes``). See
 ``buckets`` (memory layout), ``reducer`` (overlap) and ``join`` (ranks with
 different numbers of batches: ``with ddp.join():``).
 """
@@ -123,7 +123,7 @@ class DataParallel(NoSync, Module):
 
     def _broadcast_buffers(self, root):
         for _, buf in self.module.named_buffers():
-            dist.broadcast(buf.data, root=root, comm=self.comm)
+            dist.broadcast(buf.array, root=root, comm=self.comm)
 
     def _shadow_buffers(self):
         """A joined rank answers the forward's buffer broadcast, once per
@@ -160,7 +160,7 @@ class DataParallel(NoSync, Module):
         self._schedule_finish()
         bucket = self._bucket_of[id(p)]
         home, view = p.grad_buffer, self._view_of[id(p)]
-        if p.grad is not home or home.data is not view:
+        if p.grad is not home or home.array is not view:
             self._bring_home(p, home, view)
         bucket.ready += 1
         self._launch_ready()
@@ -168,12 +168,12 @@ class DataParallel(NoSync, Module):
 
     @staticmethod
     def _bring_home(p, home, view):
-        """The user replaced ``.grad`` (or its ``.data``): copy it into the bucket."""
-        if home.data is not view:
-            view[...] = home.data
-            home.data = view
+        """The user replaced ``.grad`` (or rebound its ``.data``): copy it into the bucket."""
+        if home.array is not view:
+            view[...] = home.array
+            home.array = view
         if p.grad is not home:
-            view[...] = p.grad.data
+            view[...] = p.grad.array
             p.grad = home
 
     def _launch_ready(self):
@@ -200,8 +200,8 @@ class DataParallel(NoSync, Module):
             for p, view, home in zip(bucket.params, bucket.views, bucket.homes):
                 if p.grad is None:
                     view[...] = 0
-                    home.data, p.grad = view, home
-                elif p.grad is not home or home.data is not view:
+                    home.array, p.grad = view, home
+                elif p.grad is not home or home.array is not view:
                     self._bring_home(p, home, view)
             self._start(bucket)
         for bucket in self.buckets:

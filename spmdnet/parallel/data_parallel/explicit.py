@@ -14,12 +14,12 @@ def allreduce_gradients(params, comm=None):
     params = [p for p in params if p.requires_grad]
     by_dtype = {}
     for p in params:
-        by_dtype.setdefault(str(p.data.dtype), []).append(p)
+        by_dtype.setdefault(str(p.array.dtype), []).append(p)
     for dtype in sorted(by_dtype):
         group = by_dtype[dtype]
-        layout = FlatLayout([p.data.shape for p in group])
-        flat = xp_of(group[0].data).zeros(layout.numel, dtype=group[0].data.dtype)
-        layout.pack(flat, [None if p.grad is None else p.grad.data for p in group])
+        layout = FlatLayout([p.array.shape for p in group])
+        flat = xp_of(group[0].array).zeros(layout.numel, dtype=group[0].array.dtype)
+        layout.pack(flat, [None if p.grad is None else p.grad.array for p in group])
         dist.allreduce(flat, op="mean", comm=comm)
         for p, chunk in zip(group, layout.views(flat)):
             if p.grad is None:

@@ -80,9 +80,9 @@ class FullyShardedDataParallel(NoSync, Module):
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
         for p in module.parameters():  # frozen ones too: they stay full on every rank
-            dist.broadcast(p.data, root=0, comm=self.comm)
+            dist.broadcast(p.array, root=0, comm=self.comm)
         for _, b in module.named_buffers():
-            dist.broadcast(b.data, root=0, comm=self.comm)
+            dist.broadcast(b.array, root=0, comm=self.comm)
         self.units = []
         self._finish_scheduled = self._open_forward = False
         self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
@@ -188,7 +188,7 @@ class FullyShardedDataParallel(NoSync, Module):
                 if not unit.ran_backward and self.require_backward_grad_sync:
                     for f in unit.flats:
                         if f.acc is None:
-                            f.add_grad(f.xp.zeros_like(f.shard.data))
+                            f.add_grad(f.xp.zeros_like(f.shard.array))
                         else:
                             self.reducer.start(f, f.prepare(f.xp.zeros_like(f.acc), True))
                 continue
@@ -237,7 +237,7 @@ class FullyShardedDataParallel(NoSync, Module):
         """Scale the shards' gradients so their global norm (any p > 0 or inf)
         is at most ``max_norm``; returns the norm before clipping, the same on
         all ranks (collective)."""
-        grads = [f.shard.grad.data for f in self.flats() if f.shard.grad is not None]
+        grads = [f.shard.grad.array for f in self.flats() if f.shard.grad is not None]
         return clip_arrays_(grads, max_norm, norm_type, self.comm)
 
     # -- state -----------------------------------------------------------------------
@@ -276,8 +276,8 @@ class FullyShardedDataParallel(NoSync, Module):
     def sharded_state_dict(self):
         """This rank's shards and the model's buffers, for a per-rank checkpoint."""
         return {"world_size": self.size,
-                "shards": [np.array(f.shard.data, copy=True) for f in self.flats()],
-                "buffers": {k: np.array(b.data, copy=True)
+                "shards": [np.array(f.shard.array, copy=True) for f in self.flats()],
+                "buffers": {k: np.array(b.array, copy=True)
                             for k, b in self.module.named_buffers()}}
 
     def load_sharded_state_dict(self, state):
@@ -289,9 +289,9 @@ class FullyShardedDataParallel(NoSync, Module):
             if arr.shape != f.shard.shape:
                 raise ValueError(f"load_sharded_state_dict: shard of {f.names} has shape "
                                  f"{arr.shape}, expected {f.shard.shape}")
-            f.shard.data[...] = f.xp.asarray(arr)
+            f.shard.array[...] = f.xp.asarray(arr)
         for k, b in self.module.named_buffers():
-            b.data[...] = xp_of(b.data).asarray(state["buffers"][k])
+            b.array[...] = xp_of(b.array).asarray(state["buffers"][k])
 
     def optim_state_dict(self, opt):
         """``opt``'s full state keyed by the original parameter names (collective)."""
@@ -309,6 +309,7 @@ class FullyShardedDataParallel(NoSync, Module):
             for p in f.params:
                 p.grad_buffer = None
                 p.grad = None
+                p._storage_owner = None  # the full array is the parameter's own again
         for unit in self.units:
             unit.module.__dict__.pop("forward", None)
         self.pool.clear()
@@ -327,7 +328,7 @@ def _owned(out, units):
     gathered parameters, which go back to the pool when freed."""
     if not isinstance(out, Tensor):
         return out
-    data = out.data
+    data = out.array
     for unit in units:
         data = unit.own(data)
-    return out if data is out.data else Tensor(data)
+    return out if data is out.array else Tensor(data)

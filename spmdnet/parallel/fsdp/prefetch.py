@@ -41,7 +41,7 @@ class Prefetcher:
         self.end()
         self.phase = phase
         order = self.last.get(phase, ())
-        if self.enabled and order and not is_cupy_array(order[0].shard.data):
+        if self.enabled and order and not is_cupy_array(order[0].shard.array):
             self._start(order[0])
 
     def end(self):
@@ -66,7 +66,7 @@ class Prefetcher:
         self.seen.append(flat)
         order, i = self.last.get(self.phase, ()), len(self.seen)
         if (self.enabled and i < len(order) and order[i - 1] is flat
-                and order[i] not in self.pending and not is_cupy_array(order[i].shard.data)):
+                and order[i] not in self.pending and not is_cupy_array(order[i].shard.array)):
             self._start(order[i])
         return full
 
@@ -75,7 +75,7 @@ class Prefetcher:
 
     def _start(self, flat):
         buf = flat.take()
-        req = self.comm.Iallgather(flat.shard.data, buf)
+        req = self.comm.Iallgather(flat.shard.array, buf)
         self.pending[flat] = (req, buf)
         self.poke()  # a first progress call: the transfer starts before the next compute
 

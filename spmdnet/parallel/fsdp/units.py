@@ -5,7 +5,7 @@ parameters raveled one after the other, zero-padded to a multiple of the
 group size N, this rank's 1/N slice kept as a ``Parameter`` (what the
 optimizer updates). Between uses the original parameters hold zero-size
 arrays; ``gather`` all-gathers the shard into a full array and points each
-parameter's ``.data`` at its view; ``free`` drops it again. Full arrays and
+parameter's ``.array`` at its view; ``free`` drops it again. Full arrays and
 flat gradients come from a ``Pool`` and go back to it when freed (or, for
 gradients, when their reduce-scatter is done): a step reuses the same few
 buffers instead of allocating (and page-faulting) new ones. A unit's output
@@ -73,11 +73,13 @@ class Flat:
         self.names, self.params, self.comm = names, params, comm
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.layout = FlatLayout([p.shape for p in params], parts=self.size)
-        first = params[0].data
+        first = params[0].array
         self.xp, self.dtype = xp_of(first), first.dtype
         full = self.layout.pack(self.xp.zeros(self.layout.padded_numel, self.dtype),
-                                [p.data for p in params])
+                                [p.array for p in params])
         self.shard = Parameter(self.layout.shard_of(full, self.rank).copy())
+        for name, p in zip(names, params):  # p.data = t would escape gather/free
+            p._storage_owner = f"parameter {name!r} of FullyShardedDataParallel"
         self.options = dict(options or {})
         self.source, self.pool = source, pool
         self.bad = [] if check_nonfinite else None
@@ -106,21 +108,21 @@ class Flat:
     def allgather(self, shard=None):
         """A new full (padded) flat array: every rank's shard (or ``shard``, an
         array of the shard's shape such as an optimizer state), in rank order."""
-        shard = self.shard.data if shard is None else shard
+        shard = self.shard.array if shard is None else shard
         if self.size == 1:
             return shard.copy()
         return dist.allgather(shard, comm=self.comm).reshape(-1)
 
     def gather_params(self):
         """The full flat parameters, all-gathered (blocking) into a pooled buffer."""
-        if is_cupy_array(self.shard.data):
+        if is_cupy_array(self.shard.array):
             return self.allgather()
         buf = self.take()
         if self.size == 1:
-            buf[...] = self.shard.data
+            buf[...] = self.shard.array
             return buf
-        with dist.guarded("allgather(FSDP parameters)", self.comm, self.shard.data):
-            self.comm.Allgather(self.shard.data, buf)
+        with dist.guarded("allgather(FSDP parameters)", self.comm, self.shard.array):
+            self.comm.Allgather(self.shard.array, buf)
         return buf
 
     def gather(self):
@@ -138,7 +140,7 @@ class Flat:
     def view(self, full):
         self.full = full
         for p, view in zip(self.params, self.layout.views(full)):
-            p.data = view
+            p.array = view
 
     def free(self):
         """Full parameters and gradients dropped: zero-size arrays remain."""
@@ -146,13 +148,13 @@ class Flat:
             self.give(self.full)
             self.full = None
         for p in self.params:
-            p.data = self.xp.empty(0, self.dtype)
+            p.array = self.xp.empty(0, self.dtype)
             p.grad_buffer = None
             p.grad = None
 
     def load_full(self, full):
         """Keep this rank's slice of a full flat array as the shard."""
-        self.shard.data[...] = self.layout.shard_of(full, self.rank)
+        self.shard.array[...] = self.layout.shard_of(full, self.rank)
 
     # -- gradients -------------------------------------------------------------------
     def grad_homes(self):
@@ -170,8 +172,8 @@ class Flat:
         for the next sync step). Notes non-finite parameters in ``bad``."""
         views = self.layout.views(flat)
         for p, view in zip(self.params, views):
-            if p.grad is not None and p.grad.data is not p.grad_buffer.data:
-                view[...] = p.grad.data  # a replaced .grad
+            if p.grad is not None and p.grad.array is not p.grad_buffer.array:
+                view[...] = p.grad.array  # a replaced .grad
         if self.acc is not None:
             flat += self.acc
             self.give(self.acc)
@@ -190,7 +192,7 @@ class Flat:
         if self.shard.grad is None:
             self.shard.grad = Tensor(g)
         else:
-            self.shard.grad.data += g
+            self.shard.grad.array += g
 
 
 class Unit:
@@ -230,7 +232,7 @@ class Unit:
 
 
 def _buffers_snapshot(module):
-    return [(b, b.data.copy()) for b in module.buffers()]
+    return [(b, b.array.copy()) for b in module.buffers()]
 
 
 class UnitRun(Function):
@@ -245,14 +247,14 @@ class UnitRun(Function):
             with no_grad():
                 out = unit.forward(*[Tensor(x) for x in self.inputs], **self.kwargs)
             if isinstance(out, Tensor):
-                out = Tensor(unit.own(out.data))
+                out = Tensor(unit.own(out.array))
         finally:
             unit.free()
         owner.poke()
         if not isinstance(out, Tensor):
             raise TypeError(f"FSDP unit {unit.name!r} must return one Tensor, "
                             f"got {type(out).__name__}")
-        return out.data
+        return out.array
 
     def backward(self, g):
         unit, owner = self.unit, self.owner
@@ -272,10 +274,10 @@ class UnitRun(Function):
         finally:
             sn_random.set_rng_state(kept_rng)
             for b, saved in buffers:
-                b.data[...] = saved
+                b.array[...] = saved
         owner.reduce_unit(unit)
         unit.free()
         unit.ran_backward = True
         owner.poke()
-        xgrads = tuple(None if x.grad is None else x.grad.data for x in xs)
+        xgrads = tuple(None if x.grad is None else x.grad.array for x in xs)
         return (None,) * n + xgrads

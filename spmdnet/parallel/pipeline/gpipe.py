@@ -111,8 +111,8 @@ class Pipeline:
         """Forward and backward of one batch; every rank passes the same x and
         y. Returns the mean micro-batch loss (a float) on every rank; the
         stage's parameters hold their gradients (accumulated, as usual)."""
-        x = x.data if isinstance(x, Tensor) else x
-        y = y.data if isinstance(y, Tensor) else y
+        x = x.array if isinstance(x, Tensor) else x
+        y = y.array if isinstance(y, Tensor) else y
         xs, ys = self._split(x, "x"), self._split(y, "y")
         terminals = [self._forward(i, xs[i], ys[i], loss_fn) for i in range(self.micro_batches)]
         losses = [t.item() for t in terminals] if self.last else []
@@ -130,7 +130,7 @@ class Pipeline:
     def infer(self, x):
         """Forward of the whole batch through all stages, without gradients;
         returns the last stage's output array on every rank of the group."""
-        x = x.data if isinstance(x, Tensor) else x
+        x = x.array if isinstance(x, Tensor) else x
         with no_grad():
             if self.first:
                 out = self.stage(Tensor(x))
@@ -140,7 +140,7 @@ class Pipeline:
                                                       source=self.rank - 1, tag=0))
             if not self.last:
                 SendActivation.apply(out, comm=self.comm, dest=self.rank + 1, tag=0)
-        result = asnumpy(out.data) if self.last else None
+        result = asnumpy(out.array) if self.last else None
         with dist.guarded("broadcast(pipeline output)", self.comm):
             return self.comm.bcast(result, root=self.size - 1)
 

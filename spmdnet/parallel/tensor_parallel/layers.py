@@ -68,7 +68,7 @@ def _full_linear_init(in_features, out_features, bias, dtype):
     same init code, generator calls and rounding), so every rank draws the
     same numbers and a TP model equals the dense one seeded alike."""
     dense = Linear(in_features, out_features, bias=bias, dtype=dtype)
-    return dense.weight.data, None if dense.bias is None else dense.bias.data
+    return dense.weight.array, None if dense.bias is None else dense.bias.array
 
 
 def check_comm(comm, layer):

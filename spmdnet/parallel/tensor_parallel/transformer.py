@@ -63,12 +63,12 @@ class ParallelSelfAttention(TPModule):
         full = MultiheadAttention(embed_dim, num_heads, bias=bias, dtype=dtype)
         self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
         self.local_heads, self.head_dim = num_heads // self.tp_size, full.head_dim
-        self.in_proj_weight = _shard(full.in_proj_weight.data, 0, comm, "ParallelSelfAttention",
+        self.in_proj_weight = _shard(full.in_proj_weight.array, 0, comm, "ParallelSelfAttention",
                                      "embed_dim", groups=3)
         self.in_proj_bias = None if not bias else _shard(
-            full.in_proj_bias.data, 0, comm, "ParallelSelfAttention", "embed_dim", groups=3)
-        self.out_proj = _OutProjection(full.out_proj.weight.data,
-                                       None if not bias else full.out_proj.bias.data, comm)
+            full.in_proj_bias.array, 0, comm, "ParallelSelfAttention", "embed_dim", groups=3)
+        self.out_proj = _OutProjection(full.out_proj.weight.array,
+                                       None if not bias else full.out_proj.bias.array, comm)
 
     def load_serial(self, source):
         """Copy this rank's shard of a serial ``nn.MultiheadAttention`` (or of
@@ -77,7 +77,7 @@ class ParallelSelfAttention(TPModule):
         tp, t = self.tp_size, self.comm.Get_rank()
         local = {}
         for key, p in self._state_items():
-            full = np.asarray(state[key].data if isinstance(state[key], Tensor) else state[key])
+            full = np.asarray(state[key].array if isinstance(state[key], Tensor) else state[key])
             axis = getattr(p, "tp_split_axis", None)
             local[key] = full if axis is None else split_shard(full, axis, tp, t,
                                                                p.tp_split_groups)
@@ -114,12 +114,12 @@ class VocabParallelEmbedding(TPModule):
         check_comm(comm, "VocabParallelEmbedding")
         self.comm, self.tp_size = comm, comm.Get_size()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        full = Embedding(num_embeddings, embedding_dim, dtype=dtype).weight.data
+        full = Embedding(num_embeddings, embedding_dim, dtype=dtype).weight.array
         self.weight = _shard(full, 0, comm, "VocabParallelEmbedding", "num_embeddings")
         self.vocab_start = comm.Get_rank() * (num_embeddings // self.tp_size)
 
     def forward(self, input):  # noqa: A002 - PyTorch's name
-        idx = input.data if isinstance(input, Tensor) else xp_of(self.weight.data).asarray(input)
+        idx = input.array if isinstance(input, Tensor) else xp_of(self.weight.array).asarray(input)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.num_embeddings):
             raise IndexError(f"VocabParallelEmbedding: index out of range "
                              f"[0, {self.num_embeddings}): min {int(idx.min())}, "
@@ -171,8 +171,8 @@ def vocab_parallel_cross_entropy(logits_shard, target, comm, ignore_index=-100):
     the targets not ignored) from this rank's vocabulary slice of the logits
     (N, V/tp) or (..., V/tp), without gathering them."""
     check_comm(comm, "vocab_parallel_cross_entropy")
-    xp = xp_of(logits_shard.data)
-    tgt = xp.asarray(target.data if isinstance(target, Tensor) else target)
+    xp = xp_of(logits_shard.array)
+    tgt = xp.asarray(target.array if isinstance(target, Tensor) else target)
     if tgt.dtype.kind not in "iu" or tgt.shape != tuple(logits_shard.shape[:-1]):
         raise ValueError(f"vocab_parallel_cross_entropy: target must be integers of shape "
                          f"{tuple(logits_shard.shape[:-1])}, got {tgt.dtype} {tgt.shape}")

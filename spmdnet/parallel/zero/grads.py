@@ -43,7 +43,7 @@ class _Bucket:
     def __init__(self, index, params, offsets, layout):
         self.index, self.params = index, params
         self.start = min(offsets[id(p)] for p in params)
-        self.stop = max(offsets[id(p)] + p.data.size for p in params)
+        self.stop = max(offsets[id(p)] + p.array.size for p in params)
         self.counts = [max(0, min(self.stop, hi) - max(self.start, lo))
                        for lo, hi in map(layout.shard_range, range(layout.parts))]
         self.buffer = self.request = self.recv = None
@@ -82,13 +82,13 @@ class GradientReduceScatter:
         if not self._scheduled:
             self._scheduled = True
             queue_callback(self.finish)
-        bucket, g = self._bucket_of[id(p)], p.grad.data
+        bucket, g = self._bucket_of[id(p)], p.grad.array
         if len(bucket.params) == 1 and g.flags.c_contiguous:
             bucket.buffer = g.reshape(-1)  # a bucket of one: its gradient is sent as is
         else:
             self._stage(bucket)
             at = self._offset[id(p)] - bucket.start
-            bucket.buffer[at:at + p.data.size] = g.reshape(-1)
+            bucket.buffer[at:at + p.array.size] = g.reshape(-1)
         p.grad = None
         bucket.ready += 1
         while self._next < len(self.buckets) and (
@@ -187,7 +187,7 @@ class GradientReduceScatter:
     def grad_bytes(self):
         """Bytes of gradient arrays this rank holds: its shard, any ``.grad``
         left on the parameters and staging buffers in flight."""
-        held = sum(p.grad.data.nbytes for p in self.zo.params if p.grad is not None)
+        held = sum(p.grad.array.nbytes for p in self.zo.params if p.grad is not None)
         staged = sum(b.buffer.nbytes for b in self.buckets if b.buffer is not None)
         return self.zo.grad_shard.nbytes + held + staged
 

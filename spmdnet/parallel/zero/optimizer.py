@@ -58,7 +58,7 @@ class ZeroRedundancyOptimizer:
         if len({id(p) for p in self.params}) != len(self.params):
             raise ValueError("ZeroRedundancyOptimizer: a parameter appears more than once "
                              "(twice in one group, or in two groups), as torch.optim refuses")
-        dtypes = {str(p.data.dtype) for p in self.params}
+        dtypes = {str(p.array.dtype) for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"ZeroRedundancyOptimizer needs one dtype, got {sorted(dtypes)}")
         self.comm = dist.comm_or_default(comm)
@@ -75,22 +75,26 @@ class ZeroRedundancyOptimizer:
 
     def _build_flat(self):
         """One padded flat buffer; every parameter's data becomes a view of it."""
-        first = self.params[0].data
+        first = self.params[0].array
         xp = xp_of(first)
-        self.layout = FlatLayout([p.data.shape for p in self.params], parts=self.size)
+        self.layout = FlatLayout([p.array.shape for p in self.params], parts=self.size)
         self.flat = self.layout.pack(xp.zeros(self.layout.padded_numel, dtype=first.dtype),
-                                     [p.data for p in self.params])
-        for p, view in zip(self.params, self.layout.views(self.flat)):
-            p.data = view  # from now on updated in place by the allgather
+                                     [p.array for p in self.params])
+        for i, (p, view) in enumerate(zip(self.params, self.layout.views(self.flat))):
+            p.array = view  # from now on updated in place by the allgather
+            p._storage_owner = (f"parameter {i} (shape {tuple(view.shape)}) of "
+                                "ZeroRedundancyOptimizer")
         self.lo, self.hi = self.layout.shard_range(self.rank)
         self.grad_shard = xp.zeros(self.layout.shard_numel, dtype=first.dtype)
         # per group: its part of this rank's shard (the last group takes the padding)
-        ends = [0] + list(accumulate(sum(p.data.size for p in g["params"])
+        ends = [0] + list(accumulate(sum(p.array.size for p in g["params"])
                                      for g in self.groups))
         ends[-1] = self.flat.size
         self.segments = [(min(max(a, self.lo), self.hi), min(max(b, self.lo), self.hi))
                          for a, b in zip(ends[:-1], ends[1:])]
         self.shard_params = [Parameter(self.flat[a:b]) for a, b in self.segments]
+        for i, shard in enumerate(self.shard_params):
+            shard._storage_owner = f"the shard of parameter group {i} of ZeroRedundancyOptimizer"
         self._shard_grads = [Tensor(self.grad_shard if (a, b) == (self.lo, self.hi) else
                                     self.grad_shard[a - self.lo:b - self.lo])
                              for a, b in self.segments]  # the shards' .grad, made once
@@ -147,13 +151,17 @@ class ZeroRedundancyOptimizer:
         staging buffers in flight); stage 1, also the parameters' full gradients."""
         if self._grads is not None:
             return self._grads.grad_bytes()
-        return self.grad_shard.nbytes + sum(p.grad.data.nbytes for p in self.params
+        return self.grad_shard.nbytes + sum(p.grad.array.nbytes for p in self.params
                                             if p.grad is not None)
 
     def close(self):
-        """Stage 2: remove the gradient hooks and free the private communicator."""
+        """Stage 2: remove the gradient hooks and free the private communicator.
+        The parameters stay views of the flat buffer but are the user's again
+        (``p.data = t`` is allowed: this optimizer is done with them)."""
         if self._grads is not None:
             self._grads.close()
+        for p in self.params + self.shard_params:
+            p._storage_owner = None
 
     def _copy_grad_shard(self):
         """This rank's shard of the (already averaged) full gradients."""
@@ -162,11 +170,11 @@ class ZeroRedundancyOptimizer:
             p = self.params[i]
             if p.grad is not None:
                 at = self.layout.offsets[i] + start - self.lo
-                self.grad_shard[at:at + stop - start] = p.grad.data.reshape(-1)[start:stop]
+                self.grad_shard[at:at + stop - start] = p.grad.array.reshape(-1)[start:stop]
 
     def _reduce_scatter_grads(self):
         full = self.layout.pack(xp_of(self.flat).zeros_like(self.flat),
-                                [None if p.grad is None else p.grad.data for p in self.params])
+                                [None if p.grad is None else p.grad.array for p in self.params])
         self.grad_shard[...] = dist.reduce_scatter(full, op="mean", comm=self.comm)
 
     def _allgather_params(self):

@@ -42,7 +42,7 @@ def evaluate(model, dataset, batch_size=1024, comm=None, to_device=None):
                 x, y = to_device(x), to_device(y)
             logits = model(Tensor(x))
             totals[0] += float(F.cross_entropy(logits, y, reduction="sum").item())
-            totals[1] += int((asnumpy(logits.data).argmax(axis=1) == asnumpy(y)).sum())
+            totals[1] += int((asnumpy(logits.array).argmax(axis=1) == asnumpy(y)).sum())
             totals[2] += len(y)
     finally:
         if was_training:

@@ -16,7 +16,7 @@ resumed run sees the same windows. Indexed like ``HDF5Dataset`` (``len(ds)``,
 ``DataLoader`` and ``evaluate`` work unchanged.
 
 ``CORPUS`` is the text the package ships (public-domain prose): the default
-corpus of ``datasets.make_text`` and ``examples/train_gpt.py``, identical on
+corpus of ``datasets.make_text`` and ``examples/gpt/``'s trainers, identical on
 every machine and needing no download.
 """
 import os
