@@ -1,6 +1,7 @@
 """Causal attention, forward + backward: the xp composition (matmul, mask,
 softmax, matmul: what F.scaled_dot_product_attention was) against the one
-op on its row-blocked xp path and on the Numba kernels.
+op on its row-blocked path, with plain xp softmax rows and with the
+compiled softmax kernels (``SPMDNET_KERNELS=numba``, the default).
 
     OMP_NUM_THREADS=1 python benchmarks/attention.py [--repeat 5] [--lengths 64 256 1024]
 
@@ -65,32 +66,14 @@ def main():
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     sides = [("composition", composition, "xp"), ("op, xp blocks", fused, "xp"),
-             ("op, numba", fused, "numba-kernel")]
+             ("op, numba", fused, "numba")]
     print(f"{'T':>5} {'side':<15} {'ms fwd+bwd':>10} {'peak MiB':>9} {'saved MiB':>9}")
     for length in args.lengths:
         arrays = [rng.standard_normal((4, 4, length, 32)).astype(np.float32)
                   for _ in range(3)]
         for name, fn, mode in sides:
-            if mode == "numba-kernel":  # the kernels whatever dispatch.TABLE says
-                with force_kernels():
-                    ms, peak, saved = measure(fn, "numba", arrays, args.repeat)
-            else:
-                ms, peak, saved = measure(fn, mode, arrays, args.repeat)
+            ms, peak, saved = measure(fn, mode, arrays, args.repeat)
             print(f"{length:>5} {name:<15} {ms:>10.2f} {peak:>9.1f} {saved:>9.1f}")
-
-
-class force_kernels:  # noqa: N801 - used like a function
-    """The attention row of kernels.TABLE with both kernels, for the block."""
-
-    def __enter__(self):
-        from spmdnet.kernels import attention, dispatch  # noqa: PLC0415 - benchmark only
-        self.row = dispatch.TABLE["attention"]
-        dispatch.TABLE["attention"] = dispatch.Rule(
-            {"forward": attention.forward, "backward": attention.backward})
-
-    def __exit__(self, *exc):
-        from spmdnet.kernels import dispatch  # noqa: PLC0415 - benchmark only
-        dispatch.TABLE["attention"] = self.row
 
 
 if __name__ == "__main__":

@@ -19,15 +19,28 @@ basic blocks 16->32->64 with 3x3/s2 convolutions, padding 1, BatchNorm2d and
 batch 64, its step (res_ms) against its own im2col GEMM floor (res_floor: the
 forward, weight-gradient and input-gradient products of every convolution,
 the stem's input gradient excepted, on prebuilt column matrices).
+
+    python benchmarks/cnn_step.py --layers [--steps 9]
+
+Where the time goes, per convolution shape (1 BLAS thread): every
+convolution of the CIFAR-10 net (batch 64) and of ResNet-18 (width 16,
+32x32, batch 32: the stem, 3x3 at stride 1 and 2, the 1x1/s2 shortcuts),
+forward and backward (weight and input gradients; the stems' inputs need
+none) timed apart, each against its floor: its FLOPs (2·N·Ho·Wo·O·C·kh·kw
+per product) at this core's measured peak (a 1024^3 float32 GEMM).
+Columns: ms, GFLOP/s and ms/floor for forward and backward; count is how
+many times the shape occurs in its step.
 """
 import os
+import sys
+import time
 
 import numpy as np
 
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import nn
-from spmdnet.launch import thread_sweep
+from spmdnet.launch import rerun_with_threads, thread_sweep
 
 from mlp_step import build_ours, median_times  # benchmarks/ is on the path of a script run
 
@@ -157,7 +170,94 @@ def header(steps):
             "res/floor")
 
 
+# (name, count in its step, N, C, O, side, kernel, stride, padding, needs input gradient)
+LAYER_SHAPES = (
+    ("cifar conv1 5x5", 1, 64, 3, 6, 32, 5, 1, 0, False),
+    ("cifar conv2 5x5", 1, 64, 6, 16, 14, 5, 1, 0, True),
+    ("resnet stem 3x3", 1, 32, 3, 16, 32, 3, 1, 1, False),
+    ("resnet 16 3x3/1", 4, 32, 16, 16, 32, 3, 1, 1, True),
+    ("resnet 16-32 3x3/2", 1, 32, 16, 32, 32, 3, 2, 1, True),
+    ("resnet 16-32 1x1/2", 1, 32, 16, 32, 32, 1, 2, 0, True),
+    ("resnet 32 3x3/1", 3, 32, 32, 32, 16, 3, 1, 1, True),
+    ("resnet 32-64 3x3/2", 1, 32, 32, 64, 16, 3, 2, 1, True),
+    ("resnet 32-64 1x1/2", 1, 32, 32, 64, 16, 1, 2, 0, True),
+    ("resnet 64 3x3/1", 3, 32, 64, 64, 8, 3, 1, 1, True),
+    ("resnet 64-128 3x3/2", 1, 32, 64, 128, 8, 3, 2, 1, True),
+    ("resnet 64-128 1x1/2", 1, 32, 64, 128, 8, 1, 2, 0, True),
+    ("resnet 128 3x3/1", 3, 32, 128, 128, 4, 3, 1, 1, True),
+)
+
+
+def _seconds(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def peak_flops(repeats=5):
+    """This core's float32 FLOP/s: the best of a few 1024^3 GEMMs."""
+    a = np.random.default_rng(0).standard_normal((1024, 1024), np.float32)
+    best = min(_seconds(lambda: a @ a) for _ in range(repeats + 1))
+    return 2 * 1024 ** 3 / best
+
+
+def layer_times(shape, steps, rng):
+    """Median forward and backward seconds of one convolution shape, and its
+    forward FLOPs."""
+    _, _, n, c, o, side, k, stride, pad, input_grad = shape
+    x = sn.tensor(rng.standard_normal((n, c, side, side), np.float32), requires_grad=input_grad)
+    w = sn.tensor(0.1 * rng.standard_normal((o, c, k, k), np.float32), requires_grad=True)
+    out = F.conv2d(x, w, None, stride, pad)
+    g = sn.tensor(rng.standard_normal(out.shape, np.float32))
+    flops = 2 * out.numel() * c * k * k
+
+    def forward():
+        return F.conv2d(x, w, None, stride, pad)
+
+    def forward_backward():
+        x.grad = w.grad = None
+        forward().backward(g)
+
+    forward_backward()  # warm-up: kernels compiled, buffers allocated
+    fwd, both = [], []
+    for _ in range(steps):  # interleaved: the machine's noise hits both alike
+        fwd.append(_seconds(forward))
+        both.append(_seconds(forward_backward))
+    fwd_s, both_s = float(np.median(fwd)), float(np.median(both))
+    return fwd_s, max(both_s - fwd_s, 1e-9), flops
+
+
+def layers_child(steps):
+    peak = peak_flops()
+    rng = np.random.default_rng(0)
+    print(f"per convolution shape, 1 thread, median of {steps}; floor = FLOPs at the "
+          f"measured peak {peak / 1e9:.0f} GFLOP/s")
+    print(f"{'shape':22s} {'count':>5} {'fwd_ms':>8} {'GF/s':>6} {'x floor':>7} "
+          f"{'bwd_ms':>8} {'GF/s':>6} {'x floor':>7}")
+    totals = np.zeros(3)
+    for shape in LAYER_SHAPES:
+        fwd, bwd, flops = layer_times(shape, steps, rng)
+        bwd_flops = flops * (2 if shape[-1] else 1)
+        count = shape[1]
+        if shape[0].startswith("resnet"):
+            totals += count * np.array([fwd, bwd, (flops + bwd_flops) / peak])
+        print(f"{shape[0]:22s} {count:5d} {fwd * 1e3:8.2f} {flops / fwd / 1e9:6.1f} "
+              f"{fwd * peak / flops:7.2f} {bwd * 1e3:8.2f} {bwd_flops / bwd / 1e9:6.1f} "
+              f"{bwd * peak / bwd_flops:7.2f}", flush=True)
+    print(f"ResNet-18's convolutions in a step: forward {totals[0] * 1e3:.1f} ms, backward "
+          f"{totals[1] * 1e3:.1f} ms, their FLOP floor {totals[2] * 1e3:.1f} ms")
+
+
+def _option(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def main():
+    if "--layers-child" in sys.argv:
+        return layers_child(int(_option("--steps", 9)))
+    if "--layers" in sys.argv:  # a fresh process with one BLAS thread
+        rerun_with_threads(__file__, [1], "--layers-child", "--steps", _option("--steps", 9))
+        return 0
     return thread_sweep(__file__, __doc__, child, header)
 
 

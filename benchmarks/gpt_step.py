@@ -33,7 +33,8 @@ import spmdnet.functional as F
 from spmdnet import nn, optim
 from spmdnet.launch import thread_sweep
 
-from mlp_step import median_times  # benchmarks/ is on the path of a script run
+from lm_timing import attention_floor  # benchmarks/ is on the path of a script run
+from mlp_step import median_times
 
 B, T, D, H, L, V = 16, 64, 128, 4, 2, 65
 
@@ -112,28 +113,7 @@ def floor_fn(rng, stacked=False):
     each Linear as 2-D GEMMs over all B*T rows, or with ``stacked`` on
     (B, T, C) operands as the model's code states them (NumPy then loops
     over B, as a naive port would; weight gradients stay 2-D)."""
-    f32 = np.float32
-    n = B * T
-    linears = [(D, 3 * D), (D, D), (D, 4 * D), (4 * D, D)] * L + [(D, V)]
-    acts = [(rng.standard_normal((n, i), f32), rng.standard_normal((o, i), f32))
-            for i, o in linears]
-    if stacked:
-        acts = [(x.reshape(B, T, -1), w) for x, w in acts]
-    q, k, v = (rng.standard_normal((B, H, T, D // H), f32) for _ in range(3))
-
-    def step():
-        outs = [x @ w.T for x, w in acts]
-        for _ in range(L):
-            att = q @ k.transpose(0, 1, 3, 2)
-            y = att @ v
-            _ = y @ v.transpose(0, 1, 3, 2)  # d att
-            _ = att.transpose(0, 1, 3, 2) @ y  # d v
-            _ = att @ k  # d q
-            _ = att.transpose(0, 1, 3, 2) @ q  # d k
-        for (x, w), g in zip(acts, outs):
-            _ = g.reshape(n, -1).T @ x.reshape(n, -1)  # weight gradient
-            _ = g @ w  # input gradient
-    return step
+    return attention_floor(rng, B, T, D, H, 4 * D, L, V, stacked)
 
 
 def ours_fn(idx, targets, kernels="numba", sdpa=False):

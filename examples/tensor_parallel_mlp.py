@@ -84,7 +84,8 @@ def main(argv=None):
         full = parallel.gather_state_dict(tp_block, mesh)
         if full is not None:
             dense_state = dense.state_dict()
-            worst = max([worst] + [np.abs(full[k] - dense_state[k]).max() for k in full])
+            worst = max([worst] + [np.abs(full[k].numpy() - dense_state[k].numpy()).max()
+                                   for k in full])
         worst = dist.allreduce(float(worst), op="max")  # every rank exits alike
     dist.print0(f"largest difference from the dense block: {worst:.2e}")
     return cli.self_check(worst <= args.tolerance, f"difference {worst:.2e} > tolerance "

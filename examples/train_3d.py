@@ -148,6 +148,7 @@ def main(argv=None):
     # every rank of a TP group and of a pipeline reads the same samples
     sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True, comm=mesh.dp)
     loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
+    cli.require_steps(loader, train_set, args.batch_size, mesh.dp_size)
     global_batch = args.batch_size * mesh.dp_size
     opt = optim.SGD(net.parameters(), lr=args.lr * global_batch / REFERENCE_BATCH,
                     momentum=0.9, weight_decay=1e-4)

@@ -98,6 +98,7 @@ def main(argv=None):
     loader = data.DataLoader(ds, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                              transform=augmentation(ds.sample_shape, flip=args.data is not None)
                              if args.augment else None)
+    cli.require_steps(loader, ds, args.batch_size, dist.size())
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for x, y in data.progress(loader, f"epoch {epoch}"):

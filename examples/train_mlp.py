@@ -152,6 +152,7 @@ def main(argv=None):
     ddp = parallel.DataParallel(model)  # rank 0's weights everywhere; gradients averaged
     sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True)
     loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
+    cli.require_steps(loader, train_set, args.batch_size, dist.size())
     global_batch = args.batch_size * dist.size()
     opt = optim.SGD(model.parameters(), lr=args.lr * global_batch / REFERENCE_BATCH,
                     momentum=0.9, weight_decay=1e-4)

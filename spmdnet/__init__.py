@@ -5,11 +5,18 @@ mpi4py only when first used. Nor does it touch the process's malloc: the
 first tensor or module applies the host allocator policy (host_memory.py).
 """
 from .version import __version__  # noqa: F401 - sn.__version__, as torch.__version__
+from .distributed.launcher_env import set_torchrun_env as _set_torchrun_env
 
 from . import autograd, data, distributed, functional, nn, ops, optim, parallel
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .errors import CheckpointError, DistributedError
+from . import accelerator, amp, backends, cuda  # torch.accelerator, torch.amp ... (24c)
+from . import multiprocessing  # noqa: F401 - torch.multiprocessing.spawn on MPI ranks (24b)
+from ._compile import compile  # noqa: A004,F401 - returns the model (_compile.py): not in __all__
+from ._device import device, get_default_device, set_default_device
+from .amp import autocast
+from .serialization import load, save  # PyTorch's file format (serialization/)
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
 from ._tensor import Tensor, get_default_dtype, set_default_dtype
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
@@ -33,10 +40,16 @@ from .ops.methods import clone
 from .ops.pointwise import addmm, ceil, floor, lerp, outer, sign, square, trunc
 from .ops.pointwise import round  # noqa: A004,F401 - sn.round: not in __all__
 from .ops.scan import cumprod, cumsum, flip, roll
+from .ops.arith import pow  # noqa: A004,F401 - sn.pow (task 23a): not in __all__
+from .ops.sampling import multinomial  # task 23a
+from .ops.complex import angle, conj, polar, view_as_complex, view_as_real  # task 23a
+from .ops.complex import complex, imag, is_complex, real  # noqa: A004,F401 - not in __all__
+from .autograd.grad_mode import inference_mode, is_inference_mode_enabled  # task 23a
 from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
                        queue_callback)
 
 ops.bind_tensor_methods()  # Tensor's operators and methods (+, @, .sum() ...): ops/__init__.py
+_set_torchrun_env()  # torchrun's RANK, LOCAL_RANK, ... from mpirun/srun, no MPI (24b)
 dist = distributed  # the short name: `from spmdnet import dist`
 
 __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",
@@ -64,3 +77,7 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "clone", "cumsum", "cumprod", "flip", "roll", "gather", "scatter", "scatter_add",
            "index_select", "repeat_interleave", "diag", "outer", "addmm", "lerp", "square",
            "sign", "floor", "ceil", "trunc"]
+__all__ += ["device", "get_default_device", "set_default_device", "cuda", "amp",
+            "autocast", "backends", "accelerator", "save", "load"]  # task 24c
+__all__ += ["multinomial", "polar", "view_as_real", "view_as_complex", "conj", "angle",
+            "inference_mode", "is_inference_mode_enabled"]  # task 23a

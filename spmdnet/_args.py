@@ -2,10 +2,12 @@
 (``"cuda:0"``), dtypes, ``*size`` shapes, dims and the dtype a Python scalar
 stands for.
 
-A leaf (NumPy only), so tensor creation (``creation.py``), the ops and
+A leaf (NumPy and the leaf ``_device``), so tensor creation (``creation.py``), the ops and
 ``nn.Module.to`` share these parsers without importing each other.
 """
 import numpy as np
+
+from ._device import default_device, device as as_device
 
 
 def resolve_dtype(dtype):
@@ -14,15 +16,27 @@ def resolve_dtype(dtype):
     return None if dtype is None else np.dtype(dtype)
 
 
-def resolve_device(device):
-    """``"cpu"`` or ``"gpu"`` for a device name; PyTorch's ``"cuda"`` and
-    ``"cuda:N"`` mean this rank's GPU (each rank binds its own)."""
-    if device is None or device in ("cpu", "gpu"):
+def resolve_device(device, use_default=True):
+    """``"cpu"`` or ``"gpu"`` for a device (a name or a ``device``); PyTorch's
+    ``"cuda"`` and ``"cuda:N"`` mean this rank's GPU (each rank binds its own).
+    None stays None (keep/choose the usual place) unless ``use_default`` and a
+    ``with spmdnet.device(...)`` block (or ``set_default_device``) names one."""
+    if device is None:
+        device = default_device() if use_default else None
+        if device is None:
+            return None
+    if type(device) is str and device in ("cpu", "gpu"):
         return device
-    name = str(device)
-    if name == "cuda" or name.startswith("cuda:") and name[5:].isdigit():
+    try:
+        kind = as_device(device).type
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"device must be 'cpu', 'gpu', 'cuda[:N]' or a spmdnet.device, "
+                         f"got {device!r}") from exc
+    if kind == "cpu":
+        return "cpu"
+    if kind == "cuda":
         return "gpu"
-    raise ValueError(f"device must be 'cpu', 'gpu' or 'cuda[:N]', got {device!r}")
+    raise ValueError(f"spmdnet runs on 'cpu' and 'cuda' devices, not {kind!r} ({device!r})")
 
 
 def shape_arg(shape):

@@ -17,7 +17,9 @@ Python lists and new parameters hold.
 import numpy as np
 
 from . import host_memory
-from .backend import asnumpy, device_of, is_cupy_array
+from ._tensor_str import tensor_repr
+from ._device import device_of_array
+from .backend import asnumpy, is_cupy_array
 
 _default_dtype = [np.dtype(np.float32)]
 
@@ -58,6 +60,8 @@ def _as_array(x, dtype=None):
     arr = np.asarray(x)
     if dtype is None and arr.dtype.kind == "f":
         dtype = get_default_dtype()
+    elif dtype is None and arr.dtype.kind == "c":  # PyTorch: complex64 beside float32
+        dtype = np.result_type(get_default_dtype(), np.complex64)
     return arr if dtype is None else arr.astype(dtype, copy=False)
 
 
@@ -155,8 +159,9 @@ class Tensor:
     shape = property(lambda self: self.array.shape)
     dtype = property(lambda self: self.array.dtype)
     ndim = property(lambda self: self.array.ndim)
-    device = property(lambda self: device_of(self.array))
+    device = property(lambda self: device_of_array(self.array))  # a spmdnet.device
     is_leaf = property(lambda self: self._ctx is None)
+    grad_fn = property(lambda self: self._ctx)  # the Function that made it, or None
     is_cuda = property(lambda self: is_cupy_array(self.array))
 
     def size(self, dim=None):
@@ -184,12 +189,31 @@ class Tensor:
     def element_size(self):
         return self.array.dtype.itemsize
 
+    nbytes = property(lambda self: self.array.nbytes)  # PyTorch's Tensor.nbytes, itemsize
+    itemsize = property(lambda self: self.array.dtype.itemsize)
+
     def __len__(self):
         return len(self.array)
 
     def __repr__(self):
-        grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"tensor({self.array!r}{grad})"
+        """PyTorch's text: ``tensor([0.5000, 1.0000], requires_grad=True)``
+        (``_tensor_str.py``)."""
+        return tensor_repr(self, get_default_dtype())
+
+    def __format__(self, spec):
+        """``f"{loss:.4f}"``: a 0-dim tensor formats as its Python scalar; any
+        other takes only an empty spec (TypeError otherwise), as PyTorch."""
+        if self.array.ndim == 0:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
+    def __index__(self):
+        """A single-element integer (or bool) tensor as a list index or slice
+        bound (``classes[labels[j]]``), as PyTorch."""
+        if self.array.size != 1 or self.array.dtype.kind not in "biu":
+            raise TypeError("only integer tensors of a single element can be converted to "
+                            f"an index (got dtype {self.array.dtype}, shape {self.shape})")
+        return int(self.array.reshape(()).item())
 
     def __bool__(self):
         if self.array.size != 1:

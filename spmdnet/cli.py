@@ -44,3 +44,19 @@ def self_check(passed, failure, success):
     exits alike)."""
     dist.print0(success if passed else f"FAILED: {failure}")
     return 0 if passed else 1
+
+
+def require_steps(loader, dataset, batch_size, ranks):
+    """Stop the program (SystemExit naming the numbers) when ``loader`` gives
+    no batch in an epoch: a dataset smaller than ranks x batch size with
+    ``drop_last`` would otherwise train nothing, print a NaN loss and exit 0
+    (PyTorch's DataLoader yields zero batches silently; a training program
+    must not). ``len(loader)`` is the same on every rank (the sampler pads or
+    drops to equal shares), so every rank stops alike."""
+    steps = len(loader)
+    if steps == 0:
+        raise SystemExit(f"no training step in an epoch: {len(dataset)} samples over {ranks} "
+                         f"ranks give {len(dataset) // ranks} per rank, fewer than the batch "
+                         f"size {batch_size} (with drop_last); use a smaller --batch-size, "
+                         f"fewer ranks or more data")
+    return steps

@@ -8,6 +8,8 @@ Sizes are ``*size`` or one tuple; every function takes ``dtype=``,
 (``sn.set_default_dtype``), integer ``arange`` and ``randint`` are int64,
 as PyTorch. Random draws come from spmdnet's generator (``sn.manual_seed``).
 """
+import math
+
 import numpy as np
 
 from ._args import resolve_device, resolve_dtype, scalar_dtype, shape_arg
@@ -144,6 +146,13 @@ def _draw(device, generator):
 def _floating_draw(method, size, generator, dtype, device, requires_grad):
     dtype = _float(dtype)
     xp, rng = _draw(device, generator)
+    if dtype.kind == "c":  # PyTorch: real and imaginary parts drawn apart; a normal's
+        part = np.dtype(np.float32 if dtype == np.complex64 else np.float64)  # variance 1
+        re, im = (getattr(rng, method)(shape_arg(size), dtype=part) for _ in range(2))
+        scale = math.sqrt(0.5) if method == "standard_normal" else 1.0
+        out = xp.empty(re.shape, dtype)
+        out.real, out.imag = re * scale, im * scale
+        return _new(out, requires_grad)
     native = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
     out = getattr(rng, method)(shape_arg(size), dtype=native)
     return _new(out.astype(dtype, copy=False), requires_grad)

@@ -38,8 +38,10 @@ from .ops._util import dim_arg, normalize_axes
 from .ops.attention import ScaledDotProductAttention
 from .ops.activations import elu, leaky_relu, silu, softplus
 from .ops.batchnorm import batch_norm
+from .ops.group_norm import group_norm, instance_norm
 from .ops.convert import cast
 from .ops.conv import conv1d, conv2d
+from .ops.conv_transpose import conv_transpose1d, conv_transpose2d
 from .ops.pooling import (
     adaptive_avg_pool2d,
     adaptive_max_pool2d,
@@ -56,15 +58,19 @@ from .ops.pointwise_losses import (
     mse_loss,
     smooth_l1_loss,
 )
+from .ops.huber_kl_losses import huber_loss, kl_div
 
 __all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "silu", "leaky_relu", "elu",
            "softplus", "exp", "log", "sqrt", "matmul", "softmax", "log_softmax",
            "cross_entropy", "nll_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "mse_loss", "l1_loss", "smooth_l1_loss",
+           "huber_loss", "kl_div",
            "dropout", "layer_norm", "embedding", "one_hot", "pad", "normalize",
            "scaled_dot_product_attention", "concatenate", "stack",
            "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
            "adaptive_max_pool2d", "interpolate", "batch_norm"]
+__all__ += ["group_norm", "instance_norm"]
+__all__ += ["conv_transpose1d", "conv_transpose2d"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
 PAD_MODES = ("constant", "reflect", "replicate", "circular")

@@ -25,6 +25,8 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "NUMBA_NUM_THREADS")
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "OMPI_", "MPI_LOCALNRANKS",
                 "MPI_LOCALRANKID")
+# torchrun's variables (set by spmdnet at import under a launcher): a new job sets its own
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
 
 def mpiexec():
@@ -54,9 +56,11 @@ def launcher(srun=False):
 
 def job_env(base=None, **extra):
     """``base`` (default: this environment) without an outer launcher's
-    variables, with one thread per rank and unbuffered output, then ``extra``."""
+    variables (torchrun's RANK, WORLD_SIZE ... included), with one thread
+    per rank and unbuffered output, then ``extra``."""
     base = os.environ if base is None else base
-    env = {k: v for k, v in base.items() if not k.startswith(LAUNCHER_ENV)}
+    env = {k: v for k, v in base.items()
+           if not k.startswith(LAUNCHER_ENV) and k not in TORCHRUN_ENV}
     env.update(dict.fromkeys(THREAD_VARS, "1"), PYTHONUNBUFFERED="1")
     env.update(extra)
     return env

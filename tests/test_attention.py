@@ -174,6 +174,7 @@ def test_saves_no_scores(mode):
 # -- nn.MultiheadAttention against a hand-written composition ---------------------------------
 def np_mha(state, q, k, v, heads, kpm=None, attn_mask=None, average=True):
     """Batch-first (N, L, E) NumPy reference; masks True = masked out."""
+    state = {k: np.asarray(v) for k, v in state.items()}  # state_dict() holds Tensors
     w, b = state["in_proj_weight"], state["in_proj_bias"]
     e = q.shape[-1]
     qp, kp, vp = (x @ w[i * e:(i + 1) * e].T + b[i * e:(i + 1) * e]

@@ -67,7 +67,7 @@ def test_resume_continues_exactly_where_the_saved_run_stopped(tmp_path):
 
 def test_a_new_run_resumes_from_nothing(tmp_path):
     model, opt, sched, loader = run_parts()
-    before = {k: v.copy() for k, v in model.state_dict().items()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     assert resume(None, model, opt, scheduler=sched, loader=loader) is None
     assert resume(tmp_path / "empty", model, opt, options=OPTIONS) is None
     assert all(np.array_equal(model.state_dict()[k], v) for k, v in before.items())
@@ -77,7 +77,7 @@ def test_other_options_are_refused_naming_them_before_loading(tmp_path):
     model, opt, sched, loader = run_parts()
     sn.save_checkpoint(str(tmp_path) + "/", model, opt, step=1, options=OPTIONS)
     other, other_opt, _, _ = run_parts(seed=4)
-    before = {k: v.copy() for k, v in other.state_dict().items()}
+    before = {k: v.clone() for k, v in other.state_dict().items()}
     changed = dict(OPTIONS, lr=0.1, hidden=8)
     with pytest.raises(ValueError, match=r"'hidden': \(6, 8\), 'lr': \(0.05, 0.1\)") as info:
         resume(tmp_path, other, other_opt, options=changed)

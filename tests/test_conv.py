@@ -11,7 +11,7 @@ import spmdnet.nn.functional as F
 from spmdnet import nn
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import conv as conv_kernels
-from spmdnet.ops.conv import col2im, padded_windows
+from spmdnet.ops.conv import col2im, col2im_columns, padded_windows
 from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
 
 
@@ -54,8 +54,14 @@ CASES = [  # (x shape, w shape, stride, padding, dilation, groups, loop pads)
 
 @pytest.mark.parametrize("xs,ws,stride,padding,dilation,groups,pads", CASES)
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("mode", ["numba", "xp"])  # the col2im kernel, its xp reference
 def test_conv2d_matches_loops_and_finite_differences(xs, ws, stride, padding, dilation, groups,
-                                                     pads, bias):
+                                                     pads, bias, mode):
+    with sn.kernels.use(mode):
+        _check_conv2d(xs, ws, stride, padding, dilation, groups, pads, bias)
+
+
+def _check_conv2d(xs, ws, stride, padding, dilation, groups, pads, bias):
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
     b = rng.standard_normal(ws[0]) if bias else None
@@ -145,21 +151,47 @@ def test_conv2d_module_forward_is_functional():
 # -- kernels against the xp code ---------------------------------------------------------
 KERNEL_CASES = [((2, 3, 7, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
                 ((1, 2, 9, 8), (3, 2), (2, 1), ((2, 1), (1, 2)), (1, 2)),
-                ((1, 1, 5, 7), (2, 4), (1, 3), ((0, 0), (3, 3)), (2, 1))]
+                ((1, 1, 5, 7), (2, 4), (1, 3), ((0, 0), (3, 3)), (2, 1)),
+                ((3, 2, 11, 13), (5, 5), (2, 2), ((0, 0), (0, 0)), (1, 1)),
+                ((2, 3, 8, 8), (1, 1), (2, 2), ((0, 0), (0, 0)), (1, 1)),
+                ((1, 2, 7, 9), (3, 3), (3, 2), ((1, 1), (2, 2)), (2, 3))]
 
 
 @pytest.mark.parametrize("shape,kernel,stride,pads,dilation", KERNEL_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_col2im_kernel_matches_xp(shape, kernel, stride, pads, dilation, dtype):
+    """The kernel and ops.conv.col2im_columns on the (C, kh, kw, N, Ho, Wo)
+    columns, both against the window view's adjoint on (N, C, kh, kw, Ho, Wo)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shape).astype(dtype)
     padded, view = padded_windows(x, pads, kernel, stride, dilation)
     g = rng.standard_normal(view.shape).astype(dtype)
     want = col2im(g, padded.shape, pads, shape[2:], stride, dilation)
-    got = conv_kernels.col2im(g, shape[2:], stride, pads, dilation)
+    cols = np.ascontiguousarray(g.transpose(1, 2, 3, 0, 4, 5))
+    got = conv_kernels.col2im(cols, shape[2:], stride, pads, dilation)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(col2im_columns(cols, shape[2:], pads, stride, dilation), want,
+                               rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")
 def test_kernel_as_plain_python():
     run_plain_python_subprocess(__file__, "kernel_matches")
+
+
+@pytest.mark.parametrize("mode", ["numba", "xp"])
+def test_conv_empty_batch_and_strided_input(mode):
+    """PyTorch accepts a batch of 0 (zero gradients); a permuted (non-contiguous)
+    input gives the same result as its contiguous copy."""
+    with sn.kernels.use(mode):
+        x, w = sn.randn(0, 4, 8, 8, requires_grad=True), sn.randn(4, 2, 3, 3, requires_grad=True)
+        out = F.conv2d(x, w, padding=1, groups=2)
+        out.sum().backward()
+        assert out.shape == (0, 4, 8, 8) and x.grad.shape == (0, 4, 8, 8)
+        np.testing.assert_array_equal(w.grad.numpy(), np.zeros((4, 2, 3, 3)))
+        a = np.random.default_rng(4).standard_normal((2, 7, 9, 3))
+        w = sn.tensor(np.random.default_rng(5).standard_normal((5, 3, 3, 2)))
+        permuted = F.conv2d(sn.tensor(a).permute(0, 3, 1, 2), w, stride=2, padding=1)
+        copied = F.conv2d(sn.tensor(np.ascontiguousarray(a.transpose(0, 3, 1, 2))), w,
+                          stride=2, padding=1)
+        np.testing.assert_array_equal(permuted.numpy(), copied.numpy())

@@ -198,7 +198,7 @@ def test_memory_map_placement_checks(tmp_path):
     with h5py.File(nan, "w") as f:
         f["x"] = np.full((4, 2), np.nan, np.float32)
         f["y"] = np.arange(4)
-    ds = HDF5Dataset(nan, cache=False)
+    ds = HDF5Dataset(nan, cache=False, allow_nonfinite=True)  # NaN on purpose
     assert ds.memory_mapped == ["x", "y"] and np.isnan(ds[[3, 0]][0]).all()
 
 

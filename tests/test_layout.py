@@ -118,10 +118,15 @@ PLACES = {
     "spmdnet.nn": "nn",
     "spmdnet.optim": "optim",
     "spmdnet.distributed": "distributed",
+    **dict.fromkeys(["spmdnet.multiprocessing", "spmdnet.run"], "distributed"),  # 24b
     "spmdnet.parallel": "strategies",
     **dict.fromkeys(["spmdnet.utils", "spmdnet.utils.data", "spmdnet.data"], "data"),
     **dict.fromkeys(["spmdnet.checkpoint", "spmdnet.profiler"], "state"),
+    **{"spmdnet._device": "leaves", "spmdnet._compile": "leaves", "spmdnet.backends": "leaves",
+       "spmdnet.cuda": "ops", "spmdnet.amp": "ops", "spmdnet.accelerator": "ops",
+       "spmdnet.serialization": "state"},  # task 24c: devices, amp, save/load
     **dict.fromkeys(["spmdnet.cli", "spmdnet.bench"], "tools"),
+    "spmdnet._tensor_str": "leaves",  # task 23a: PyTorch's repr text (torch/_tensor_str.py)
 }
 # (importer prefix, imported prefix, why): PyTorch paths that sit lower in
 # PyTorch's tree than their implementation, reached lazily or by thin modules.

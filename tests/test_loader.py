@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
+from spmdnet import Tensor
 from spmdnet.data import ArrayDataset, DataLoader, DistributedSampler, HDF5Dataset
 
 
@@ -66,7 +67,8 @@ def test_batches_equal_reading_the_sampler_indices(h5ds, prefetch, drop_last):
             ref = h5ds[idx[8 * k:8 * k + 8]]
             np.testing.assert_array_equal(x, ref[0])
             np.testing.assert_array_equal(y, ref[1])
-            assert isinstance(x, np.ndarray)
+            # PyTorch's batches: Tensors (here over host arrays, device="cpu")
+            assert isinstance(x, Tensor) and isinstance(x.array, np.ndarray)
 
 
 def test_prefetch_does_not_change_results():
@@ -186,7 +188,8 @@ def test_wait_s_grows(prefetch):
 
 def test_argument_validation():
     ds = Instrumented()
-    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="batch_size should be a positive integer value, but "
+                                         "got batch_size=0"):
         DataLoader(ds, 0)
     with pytest.raises(ValueError, match="prefetch must be non-negative, got -1"):
         DataLoader(ds, 4, prefetch=-1)

@@ -245,17 +245,6 @@ def test_train_eval_propagate_to_children():
     assert net.training and not net[0].encoder.training
 
 
-def test_state_dict_returns_copies():
-    model = mlp(0)
-    sd = model.state_dict()
-    before = model[0].weight.numpy().copy()
-    assert all(isinstance(v, np.ndarray) for v in sd.values())
-    sd["0.weight"][...] = 99.0
-    np.testing.assert_array_equal(model[0].weight.numpy(), before)
-    model[0].weight.data[...] = -1.0
-    assert (sd["0.weight"] == 99.0).all()
-
-
 def test_load_state_dict_round_trip():
     x = sn.tensor(np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32))
     a, b = mlp(0), mlp(1)
@@ -271,7 +260,7 @@ def test_load_state_dict_strict_names_missing_and_unexpected():
     sd = model.state_dict()
     del sd["0.bias"]
     sd["3.weight"] = np.zeros((2, 2), dtype=np.float32)
-    with pytest.raises(KeyError) as err:
+    with pytest.raises(RuntimeError) as err:  # PyTorch's "Error(s) in loading state_dict"
         model.load_state_dict(sd)
     assert "0.bias" in str(err.value) and "3.weight" in str(err.value)
 
@@ -281,7 +270,7 @@ def test_load_state_dict_shape_mismatch_names_parameter_and_shapes():
     sd = model.state_dict()
     sd["2.weight"] = np.zeros((3, 4), dtype=np.float32)
     for strict in (True, False):
-        with pytest.raises(ValueError) as err:
+        with pytest.raises(RuntimeError) as err:  # a size mismatch, even when not strict
             model.load_state_dict(sd, strict=strict)
         msg = str(err.value)
         assert "2.weight" in msg and "(3, 4)" in msg and "(2, 4)" in msg

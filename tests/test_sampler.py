@@ -240,7 +240,7 @@ def test_state_from_any_rank_resumes_every_rank(p, shuffle, drop_last):
 
 
 @pytest.mark.parametrize("change,named", [
-    ({"ds_or_len": 41}, "dataset_len 40 in the state, 41 here"),
+    ({"dataset": 41}, "dataset_len 40 in the state, 41 here"),
     ({"num_replicas": 4}, "num_replicas 2 in the state, 4 here"),
     ({"seed": 0}, "seed 9 in the state, 0 here"),
     ({"shuffle": False}, "shuffle True in the state, False here"),
@@ -250,7 +250,7 @@ def test_state_of_another_order_raises_naming_the_values(change, named):
     s = DistributedSampler(40, num_replicas=2, rank=1, seed=9)
     s.set_epoch(3)
     s.set_start_index(5)
-    kw = dict(dict(ds_or_len=40, num_replicas=2, rank=1, seed=9), **change)
+    kw = dict(dict(dataset=40, num_replicas=2, rank=1, seed=9), **change)
     other = DistributedSampler(**kw)
     with pytest.raises(ValueError, match="another order") as err:
         other.load_state_dict(s.state_dict())

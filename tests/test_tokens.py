@@ -147,7 +147,7 @@ def test_distributed_sampler_and_loader_cover_every_window(tmp_path, size):
         sampler = DistributedSampler(ds, num_replicas=size, rank=rank, seed=3)
         sampler.set_epoch(1)
         for x, y in DataLoader(ds, 5, sampler=sampler):
-            assert np.array_equal(y[:, :-1], x[:, 1:]) and np.all(y[:, -1] == x[:, -1] + 1)
+            assert np.array_equal(y[:, :-1], x[:, 1:]) and bool((y[:, -1] == x[:, -1] + 1).all())
             seen += x[:, 0].tolist()
     assert set(seen) == set(range(len(ds)))  # every window start; padding repeats a few
     assert len(seen) == -(-len(ds) // size) * size

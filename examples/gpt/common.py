@@ -105,7 +105,10 @@ def loader(train_set, args, comm=None):
     """This rank's windows: a DistributedSampler over ``comm`` (the data-parallel
     group; the ranks of a TP group or of a pipeline read the same windows)."""
     sampler = data.DistributedSampler(train_set, seed=args.seed, drop_last=True, comm=comm)
-    return data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
+    loader = data.DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True)
+    # an empty epoch would loop for ever below: stop, naming the numbers
+    cli.require_steps(loader, train_set, args.batch_size, sampler.num_replicas)
+    return loader
 
 
 def options(args):

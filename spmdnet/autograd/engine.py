@@ -65,6 +65,9 @@ def _seed_grad(root, grad):
         if root.array.size != 1:
             raise RuntimeError("backward() without a gradient needs a scalar output; "
                                f"got shape {root.shape}: pass grad of that shape")
+        if root.array.dtype.kind == "c":
+            raise RuntimeError("grad can be implicitly created only for real scalar outputs "
+                               f"(got {root.array.dtype}): take .real, .abs() or pass grad")
         return xp_of(root.array).ones_like(root.array)
     g = _as_array(grad, root.dtype)
     if g.shape != root.shape:

@@ -6,6 +6,22 @@ from .._tensor import Tensor
 from .grad_mode import no_grad
 
 
+def central_differences(loss, array, eps=1e-6):
+    """d loss() / d array by central differences, perturbing ``array`` in
+    place element by element (each element is restored after its pair of
+    calls); ``loss`` takes no arguments and reads ``array`` itself."""
+    grad = np.zeros_like(array)
+    for i in np.ndindex(array.shape):
+        old = array[i]
+        array[i] = old + eps
+        hi = loss()
+        array[i] = old - eps
+        lo = loss()
+        array[i] = old
+        grad[i] = (hi - lo) / (2 * eps)
+    return grad
+
+
 def numeric_grads(fn, arrays, weights, eps=1e-6):
     """d/dx sum(fn(*arrays) * weights) by central differences, per element."""
     def objective():
@@ -13,19 +29,7 @@ def numeric_grads(fn, arrays, weights, eps=1e-6):
             out = fn(*[Tensor(a) for a in arrays])
         return float(np.sum(out.numpy() * weights))
 
-    grads = []
-    for a in arrays:
-        g = np.zeros_like(a)
-        for i in np.ndindex(a.shape):
-            old = a[i]
-            a[i] = old + eps
-            hi = objective()
-            a[i] = old - eps
-            lo = objective()
-            a[i] = old
-            g[i] = (hi - lo) / (2 * eps)
-        grads.append(g)
-    return grads
+    return [central_differences(objective, a, eps) for a in arrays]
 
 
 def analytic_grads(fn, arrays, weights):

@@ -1,8 +1,9 @@
 """A rotating checkpoint directory: ``ckpt-<step>.h5`` files, the file
 ``latest`` naming the newest complete one, the newest ``keep`` kept (and the
 newest one this process loaded cleanly, so a resume never loses its base),
-a resume that skips a newest file that does not verify, and a probe of the
-directory before training starts.
+a resume that skips a newest file that does not verify (on any rank, every
+rank's part of a sharded file, chosen alike by all ranks), and a probe of
+the directory before training starts.
 """
 import os
 from pathlib import Path
@@ -61,15 +62,43 @@ def candidates(directory):
 
 def newest_verified(directory, allow_nonfinite=False):
     """(path, ``h5format.read``'s result) of the newest checkpoint that
-    verifies, or (None, None); each newer one that fails is named with its
-    reason in a warning on rank 0."""
+    verifies, every rank's part of a sharded one included, or (None, None);
+    each newer one that fails is named with its reason in a warning on rank 0.
+    One process's view: ``agreed_newest`` is the collective choice."""
     for candidate in candidates(directory):
         try:
-            return candidate, h5format.read(candidate, allow_nonfinite=allow_nonfinite)
+            return candidate, h5format.read_every_part(candidate, allow_nonfinite)
         except CheckpointError as exc:
             if dist.rank_label() in (0, "?"):
                 dist.get_logger().warning(f"skipping checkpoint {candidate}: {exc}")
     return None, None
+
+
+def agreed_newest(directory, comm, rank=None, allow_nonfinite=False):
+    """The newest checkpoint of ``directory`` that verifies on every rank of
+    ``comm`` (collective): each rank reads its own part (``rank``; None: the
+    whole unsharded state), the ranks agree on each candidate in turn, and
+    the same one is chosen everywhere. Returns (path or None, this rank's
+    ``h5format.read`` result, [skipped: "file: rank r: reason"]); rank 0 logs
+    each skipped file. DistributedError when the ranks see different files
+    (a directory not shared by all ranks)."""
+    names = dist.check_same(comm, [str(p) for p in candidates(directory)],
+                            f"the checkpoints in {directory}")
+    skipped = []
+    for name in names:
+        try:
+            contents, reason = h5format.read(name, rank, allow_nonfinite), None
+        except CheckpointError as exc:
+            contents, reason = None, str(exc)
+        with dist.guarded("allgather(checkpoint verified)", comm):
+            reasons = comm.allgather(reason)
+        failed = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
+        if not failed:
+            return Path(name), contents, skipped
+        skipped.append(f"{name}: " + "; ".join(failed))
+        if comm.Get_rank() == 0:
+            dist.get_logger().warning("skipping checkpoint %s", skipped[-1])
+    return None, None, skipped
 
 
 def latest_checkpoint(directory, verify=True, allow_nonfinite=False):

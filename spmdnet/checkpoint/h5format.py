@@ -76,6 +76,22 @@ def read(path, rank=None, allow_nonfinite=False):
         raise CheckpointError(f"checkpoint {path} is unreadable or corrupt: {exc}") from exc
 
 
+def read_every_part(path, allow_nonfinite=False):
+    """``read(path)``, and every rank's part of a sharded checkpoint verified
+    too (its root holds no model state): a damaged part fails the whole file."""
+    contents = read(path, allow_nonfinite=allow_nonfinite)
+    try:
+        with _h5py().File(path, "r") as f:
+            parts = sorted(int(k[4:]) for k in f if k.startswith("rank") and k[4:].isdigit())
+            for rank in parts:
+                _read_open_file(f, path, rank, allow_nonfinite)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint {path} is unreadable or corrupt: {exc}") from exc
+    return contents
+
+
 def _read_open_file(f, path, rank, allow_nonfinite):
     if not f.attrs.get("complete", False) or "meta" not in f.attrs:
         raise CheckpointError(f"checkpoint {path} is incomplete (no completion mark)")

@@ -1,11 +1,19 @@
 """Loading a checkpoint, collectively: every rank reads and verifies its part,
 the ranks agree that all of them succeeded and read the same step, then each
-restores its model, optimizer, RNG, sampler, loader and scheduler."""
+restores its model, optimizer, RNG, sampler, loader and scheduler.
+
+Every decision that leads to a collective is agreed first: a read that fails
+on one rank is raised on every rank before any rank gathers a state (FSDP's
+``state_dict`` is an all-gather), and every check that can refuse the
+checkpoint (it fits the model, its optimizer state fits the optimizer) runs
+on every rank and is agreed before anything is loaded.
+"""
 from pathlib import Path
 
 from .. import distributed as dist
 from .. import random as sn_random
 from ..errors import CheckpointError
+from ..optim.optimizer import Optimizer
 from . import directory, h5format, state
 
 
@@ -14,26 +22,48 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, loader=None, s
     """Restore a checkpoint on every rank (collectively); returns its ``extra``
     dict with ``step`` added. Raises CheckpointError on every rank when the
     file is missing, incomplete, corrupt (an array fails its checksum), holds
-    NaN/Inf (unless ``allow_nonfinite``) or does not fit the model or world.
-    ``path`` may be a directory: its newest checkpoint that verifies.
+    NaN/Inf (unless ``allow_nonfinite``) or does not fit the model, optimizer
+    or world, before anything is loaded.
+    ``path`` may be a directory: its newest checkpoint that verifies on every
+    rank (each rank's part of a sharded one), the same on all ranks; the
+    skipped ones are named in a warning on rank 0.
     ``sampler``, ``loader`` and ``scheduler`` get their saved state back
     (when the checkpoint holds one)."""
     comm = dist.comm_or_default(comm)
     rank = comm.Get_rank() if state.is_sharded(mesh) else None
-    path, contents = _resolve(path, allow_nonfinite)
-    try:
-        if contents is None or rank is not None:  # sharded: this rank's part only
+    if dist.check_same(comm, Path(path).is_dir(), f"whether {path} is a directory"):
+        found, contents, skipped = directory.agreed_newest(path, comm, rank, allow_nonfinite)
+        if found is None:  # the same answer on every rank
+            raise CheckpointError(f"no checkpoint in {path} verifies on every rank: "
+                                  f"{skipped or 'none found'}")
+        path = found
+    else:
+        contents, error = None, None
+        try:
             contents = h5format.read(path, rank, allow_nonfinite)
-        meta, model_state, optimizer_state = contents
-        state.check_fits(path, meta, model_state, model, comm, mesh)
-        error = None
-    except CheckpointError as exc:
-        error = str(exc)
-    _raise_if_any_failed(error, comm)
+        except CheckpointError as exc:
+            error = str(exc)
+        _raise_if_any_failed(error, comm)
+    return load_contents(str(path), contents, model, optimizer, sampler=sampler, loader=loader,
+                         scheduler=scheduler, comm=comm, mesh=mesh)
+
+
+def load_contents(path, contents, model, optimizer=None, *, sampler=None, loader=None,
+                  scheduler=None, comm=None, mesh=None):
+    """Restore ``contents`` (``h5format.read``'s result, read by every rank of
+    ``comm`` without error) collectively; see ``load_checkpoint``."""
+    meta, model_state, optimizer_state = contents
     with dist.guarded("allgather(checkpoint steps)", comm):
         steps = comm.allgather(meta["step"])
     if len(set(steps)) != 1:
         raise CheckpointError(f"ranks loaded different steps from {path}: {steps}")
+    error = None
+    try:  # every rank runs these checks: check_fits gathers an FSDP model's state
+        state.check_fits(path, meta, model_state, model, comm, mesh)
+        check_optimizer_state(path, model, optimizer, optimizer_state)
+    except Exception as exc:  # agreed below, so no rank restores alone
+        error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+    _raise_if_any_failed(error, comm)
     state.restore(path, model, optimizer, model_state, optimizer_state)
     sn_random.set_rng_state(meta["rng"][comm.Get_rank()])
     for component, key in ((sampler, "sampler"), (loader, "loader"), (scheduler, "scheduler")):
@@ -43,15 +73,34 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, loader=None, s
     return dict(meta["extra"], step=meta["step"])
 
 
-def _resolve(path, allow_nonfinite):
-    """(file, its contents already read or None): a directory means its newest
-    checkpoint that verifies (read whole while verifying)."""
-    if not Path(path).is_dir():
-        return str(path), None
-    found, contents = directory.newest_verified(path, allow_nonfinite)
-    if found is None:  # none verifies: the error will say why the newest does not
-        found = next(iter(directory.candidates(path)), Path(path) / directory.LATEST)
-    return str(found), contents
+def check_optimizer_state(path, model, optimizer, optimizer_state):
+    """CheckpointError, before anything is loaded, when the saved optimizer
+    state cannot go into ``optimizer``: written by FSDP (keyed by parameter
+    name) for a model that is not, or the other way round, or with other
+    parameter group sizes."""
+    if optimizer is None or optimizer_state is None:
+        return
+    groups = optimizer_state["param_groups"]
+    by_name = any(isinstance(p, str) for g in groups for p in g["params"])
+    fsdp = state.is_fsdp(model)
+    if by_name and not fsdp:
+        raise CheckpointError(
+            f"{path}: the optimizer state was written by FullyShardedDataParallel (keyed "
+            f"by parameter name); it cannot be loaded into {type(optimizer).__name__} over a "
+            f"{type(model).__name__} model. Load it with an FSDP model, or pass "
+            "optimizer=None to load the model only")
+    if fsdp and not by_name:
+        raise CheckpointError(
+            f"{path}: optimizer state not saved from an FSDP model (written by DataParallel, "
+            "ZeRO or a plain optimizer: keyed by parameter index); this model is "
+            "FullyShardedDataParallel. Load it into the model it was written from, or pass "
+            "optimizer=None to load the model only")
+    if not fsdp and isinstance(optimizer, Optimizer):  # FSDP's groups hold shards
+        saved = [len(g["params"]) for g in groups]
+        own = [len(g["params"]) for g in optimizer.param_groups]
+        if saved != own:
+            raise CheckpointError(f"{path}: the optimizer state has parameter groups of "
+                                  f"sizes {saved}; {type(optimizer).__name__} has {own}")
 
 
 def _raise_if_any_failed(error, comm):

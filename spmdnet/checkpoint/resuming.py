@@ -16,8 +16,9 @@ exit code 3 make a run that Slurm can requeue.
 import json
 
 from .. import distributed as dist
-from .directory import newest_verified
-from .reading import load_checkpoint
+from . import state
+from .directory import agreed_newest
+from .reading import load_contents
 
 
 def resume(path, model, optimizer=None, *, scheduler=None, loader=None, sampler=None,
@@ -29,17 +30,21 @@ def resume(path, model, optimizer=None, *, scheduler=None, loader=None, sampler=
     ``options`` (a JSON-able dict, saved by ``save_checkpoint(...,
     options=...)``) must equal the saved ones: a difference raises ValueError
     on every rank naming each differing option with its saved and its new
-    value, before anything is loaded. DistributedError when the ranks find
-    different newest checkpoints (a directory not shared by all ranks)."""
+    value, before anything is loaded. The checkpoint chosen verifies on every
+    rank (each rank's part of a sharded one) and is the same on all ranks;
+    newer ones that do not are named in a warning on rank 0. DistributedError
+    when the ranks see different files (a directory not shared by all ranks)."""
     comm = dist.comm_or_default(comm)
-    found, contents = newest_verified(path) if path is not None else (None, None)
-    found = dist.check_same(comm, None if found is None else str(found), "newest checkpoint")
+    if path is None:
+        return None
+    rank = comm.Get_rank() if state.is_sharded(mesh) else None
+    found, contents, _ = agreed_newest(path, comm, rank)
     if found is None:
         return None
-    if options is not None:
+    if options is not None:  # the same meta on every rank: all raise alike
         _check_options(found, contents[0]["extra"].get("options", {}), options)
-    return load_checkpoint(found, model, optimizer, sampler=sampler, loader=loader,
-                           scheduler=scheduler, comm=comm, mesh=mesh)
+    return load_contents(str(found), contents, model, optimizer, sampler=sampler,
+                         loader=loader, scheduler=scheduler, comm=comm, mesh=mesh)
 
 
 def _check_options(path, saved, options):

@@ -41,7 +41,9 @@ def local_states(model, optimizer):
     """(model state, optimizer state or None) of this rank. Collective for
     optimizers whose state_dict gathers (ZeroRedundancyOptimizer) and for
     FSDP, whose optimizer state is every rank's shards, keyed by name."""
-    model_state = unwrap(model).state_dict()
+    # host copies: state_dict() shares the parameters' memory, and a saved
+    # state must not change when training goes on (or the file is written later)
+    model_state = {k: t.numpy() for k, t in unwrap(model).state_dict().items()}
     if optimizer is None:
         return model_state, None
     if is_fsdp(model):

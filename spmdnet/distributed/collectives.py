@@ -20,6 +20,19 @@ from .transport import cuda_aware
 _OPS = ("sum", "mean", "max", "min")
 
 
+class ReduceTypeError(TypeError, RuntimeError):
+    """A reduction the dtype cannot take (an integer average, a bitwise op on
+    floats): a TypeError, and the RuntimeError PyTorch raises for it."""
+
+
+def integer_average(what, dtype):
+    """The error of an average of integers: one rule for arrays, tensors and
+    Python ints, PyTorch's (``ReduceOp.AVG`` on an integer tensor raises)."""
+    return ReduceTypeError(f"{what}: an average needs a floating dtype, got {dtype} (an "
+                           "integer average raises, as PyTorch's ReduceOp.AVG does); "
+                           "reduce floats, or use op='sum' and divide")
+
+
 def _mpi_op(op):
     if op not in _OPS:
         raise ValueError(f"op must be one of {_OPS}, got {op!r}")
@@ -27,7 +40,7 @@ def _mpi_op(op):
     return {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
 
 
-def _array(x, name):
+def tensor_array(x, name):
     if isinstance(x, Tensor):
         return x.array
     if isinstance(x, np.ndarray) or backend.is_cupy_array(x):
@@ -74,16 +87,15 @@ def allreduce(x, op="sum", comm=None):
     """Reduce ``x`` over the communicator's ranks, in place; returns ``x``.
 
     ``op``: "sum", "mean" (floating dtypes only), "max" or "min". A Python
-    or NumPy scalar (immutable) gives a new scalar of the same type."""
+    or NumPy scalar (immutable) gives a new scalar of the same type; the
+    mean of integers raises TypeError, for scalars as for arrays."""
     if isinstance(x, (int, float, np.generic)) and not isinstance(x, bool):
-        arr = np.array(x, dtype=np.float64 if op == "mean" else None)
-        return type(x)(allreduce(arr, op, comm)[()])
-    arr = _array(x, "allreduce")
+        return type(x)(allreduce(np.array(x), op, comm)[()])
+    arr = tensor_array(x, "allreduce")
     mpi_op = _mpi_op(op)
     comm = comm_or_default(comm)
     if op == "mean" and arr.dtype.kind not in "fc":
-        raise TypeError(f"allreduce op='mean' needs a floating dtype, got {arr.dtype}; "
-                        "use op='sum' and divide")
+        raise integer_average("allreduce(op='mean')", arr.dtype)
     if not getattr(arr.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise ValueError("allreduce works in place: the array is read-only")
     with guarded(f"allreduce({op})", comm, arr):
@@ -102,7 +114,7 @@ def broadcast(x, root=0, comm=None):
     if not isinstance(x, (Tensor, np.ndarray)) and not backend.is_cupy_array(x):
         with guarded("broadcast(object)", comm):
             return comm.bcast(x, root=root)
-    arr = _array(x, "broadcast")
+    arr = tensor_array(x, "broadcast")
     with guarded(f"broadcast(root={root})", comm, arr):
         on_host(arr, lambda buf: comm.Bcast(buf, root=root))
     return x
@@ -112,7 +124,7 @@ def allgather(x, comm=None):
     """Every rank's ``x`` stacked into a new array of shape (size, *x.shape).
 
     The input is untouched. Ranks must pass equal shapes and dtypes."""
-    arr = _array(x, "allgather")
+    arr = tensor_array(x, "allgather")
     comm = comm_or_default(comm)
     check_same(comm, (tuple(arr.shape), str(arr.dtype)), "allgather (shape, dtype)")
     xp = backend.xp_of(arr)
@@ -128,7 +140,7 @@ def reduce_scatter(x, op="sum", comm=None):
 
     ``x.shape[0]`` must be divisible by the communicator size; rank r gets
     rows [r*n/size, (r+1)*n/size) of the reduction. The input is untouched."""
-    arr = _array(x, "reduce_scatter")
+    arr = tensor_array(x, "reduce_scatter")
     mpi_op = _mpi_op(op)
     comm = comm_or_default(comm)
     size = comm.Get_size()
@@ -136,7 +148,7 @@ def reduce_scatter(x, op="sum", comm=None):
         raise ValueError(f"reduce_scatter: axis 0 of shape {arr.shape} is not divisible "
                          f"by the {size} ranks")
     if op == "mean" and arr.dtype.kind not in "fc":
-        raise TypeError(f"reduce_scatter op='mean' needs a floating dtype, got {arr.dtype}")
+        raise integer_average("reduce_scatter(op='mean')", arr.dtype)
     out = backend.xp_of(arr).empty((arr.shape[0] // size,) + arr.shape[1:], arr.dtype)
     send = to_host(arr)
     with guarded(f"reduce_scatter({op})", comm, arr):
@@ -146,4 +158,5 @@ def reduce_scatter(x, op="sum", comm=None):
     return Tensor(out) if isinstance(x, Tensor) else out
 
 
-__all__ = ["allreduce", "broadcast", "allgather", "reduce_scatter", "on_host", "DistributedError"]
+__all__ = ["allreduce", "broadcast", "allgather", "reduce_scatter", "on_host", "to_host",
+           "tensor_array", "ReduceTypeError", "DistributedError"]

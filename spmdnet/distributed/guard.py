@@ -7,7 +7,10 @@ collective check mode and the stall watchdog hang off this one place.
   ``crosscheck``): a mismatch on the same communicator, or a member sitting
   in a collective on another communicator that includes this rank (the
   deadlock of ranks with different numbers of batches), raises
-  DistributedError on those ranks, naming both call sites.
+  DistributedError on those ranks, naming both call sites. A point-to-point
+  wait (``wait_p2p``, the pipeline's sends and receives) counts as a place
+  where a rank waits: a collective whose member waits in a receive from it
+  is reported too.
 - The stall watchdog (on by default, ``SPMDNET_WATCHDOG_S``): a collective
   waiting longer than the limit makes the waiting rank ask every rank what
   it is doing and print which collective, its sequence number, the call site
@@ -67,6 +70,11 @@ def forget(comm):
 
 def settings():
     return dict(_settings)
+
+
+def debug_enabled():
+    """Whether the collective check mode (``SPMDNET_DEBUG_COLLECTIVES=1``) is on."""
+    return _settings["debug"]
 
 
 @functools.cache
@@ -132,6 +140,18 @@ def guarded(op, comm, array=None, peer=None):
         state["pending"] = None
         state["last"] = entry
         entry["done"] = time.time()
+
+
+def wait_p2p(comm, peer, op, direction, tag, done):
+    """Inside ``guarded(op, comm, peer=peer)``, before a point-to-point call
+    that may block: in check mode, poll ``done()`` (e.g. ``comm.Iprobe`` for
+    a receive, ``request.Test`` for a send), telling the peer after a moment
+    that this rank waits for it, and raise DistributedError as soon as the
+    peer is seen waiting for this rank elsewhere (see ``crosscheck``).
+    Otherwise returns at once. ``direction``: "send" or "recv"."""
+    if _settings["debug"] and "check" in _checker:
+        _checker["check"].wait_p2p(comm, peer, op, direction, tag, done,
+                                   format_site(caller()))
 
 
 def snapshot():

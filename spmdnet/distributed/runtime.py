@@ -4,6 +4,7 @@ mpi4py is imported on first use (``init``), so ``import spmdnet`` needs no
 MPI launch. Under ``mpirun``/``mpiexec``/``srun`` the world is the launched
 job; as a plain ``python`` process it is a world of size 1.
 """
+import faulthandler
 import logging
 import os
 import sys
@@ -64,6 +65,7 @@ def init(comm=None):
     if world is not None:
         world.free()
     world = _state["world"] = World(comm, MPI)
+    _enable_faulthandler()
     _start_services(world)
     if config.get_bool("SPMDNET_ABORT_ON_ERROR", True):
         install_abort_hook()
@@ -71,6 +73,15 @@ def init(comm=None):
     if job and world.rank == 0:
         print(f"[rank 0] spmdnet: {job}", file=sys.stderr, flush=True)
     return world
+
+
+def _enable_faulthandler():
+    """Python's tracebacks on a fatal signal, in every rank: a memory-mapped
+    data file rewritten under a running job ends it with SIGBUS, and without
+    this the only word is the launcher's "Bus error", naming no line. Left as
+    it is when the program enabled it already (its own file, say)."""
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def _start_services(world):

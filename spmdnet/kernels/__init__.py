@@ -9,11 +9,15 @@ norm           layer norm, forward/backward            ops.nn_ops.LayerNorm
 softmax        softmax fwd/bwd, log-sum-exp            ops.nn_ops.Softmax, ops.attention
 embedding      embedding backward (row scatter-add)    ops.nn_ops.Embedding
 attention      dropout factors (Philox per element)    ops.attention's dropout
-optim_kernels  SGD and Adam/AdamW updates              optim.SGD, optim.Adam
+optim_kernels  SGD and Adam/AdamW updates (maximize,    optim.SGD, optim.Adam
+               amsgrad)
 special        float32 exp, erf for kernels;           the kernels above; ``erf_array``:
                erf on arrays in plain xp               ops.unary's exact GELU
 reduce         8-lane row sums/max                     the kernels above
-conv           col2im                                  ops.conv.Conv2d
+conv           col2im                                  ops.conv.Conv2d,
+                                                       ops.conv_transpose.ConvTranspose2d
+conv_direct    direct stride-1 forward and weight      ops.conv.Conv2d on few input
+               gradient (no columns)                   channels (dispatch.conv_direct_takes)
 pool           max pooling with argmax                 ops.pooling.MaxPool2d
 =============  ======================================  ===================================
 
@@ -40,8 +44,8 @@ import time
 import numpy as np
 
 from .._tensor import get_default_dtype
-from . import _cache, activation, attention, compile_order, conv, embedding, loss, norm
-from . import optim_kernels, pool, softmax
+from . import _cache, activation, attention, compile_order, conv, conv_direct, embedding
+from . import loss, norm, optim_kernels, pool, softmax
 from ._cache import cache_dir
 from ._numba import compile_seconds
 from .dispatch import TABLE, enabled, lookup, mode, use
@@ -50,7 +54,8 @@ from .special import erf_array as erf
 __all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compile_seconds",
            "cache_dir", "compile_in_order"]
 
-_MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels, conv, pool)
+_MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels, conv,
+            conv_direct, pool)
 
 
 def compile_in_order(compile_fn, comm=None):

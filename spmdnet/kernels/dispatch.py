@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import config
-from . import activation, attention, conv, embedding, loss, norm, optim_kernels, pool
+from . import activation, attention, conv, conv_direct, embedding, loss, norm, optim_kernels
+from . import pool
 from . import softmax
 from ._numba import available
 from ._target import array_target
@@ -100,14 +101,42 @@ TABLE = {
     # removed; the op asks only for its dropout factors and softmax rows
     # the op's dropout factors: Philox per element compiled, not ~90 uint64 array passes
     "attention_dropout": Rule({"forward": attention.dropout_factors}),
-    # benchmarks/cnn_step.py shapes, 1 thread: col2im 1.5 against 2.0 ms (conv2's input
-    # gradient); max pooling 1.5 against 4.1 ms (pool1). An im2col kernel (2-4x slower
+    # benchmarks/cnn_step.py shapes, 1 thread: col2im of (C, kh, kw, N, Ho, Wo) columns,
+    # one plane at a time, 3.5 against 7.3-8.5 ms on ResNet's 16-channel layer (the
+    # input gradient of Conv2d and the forward of ConvTranspose2d); max pooling 1.5
+    # against 4.1 ms (pool1). An im2col kernel (2-4x slower
     # than NumPy's copy of the strided view there) was removed: the op copies the view.
-    "conv2d": Rule({"col2im": conv.col2im}),
+    # Direct stride-1 kernels (kernels/conv_direct.py, no columns) on few input
+    # channels per group, where conv_direct_takes says so (1 thread, CPU time):
+    # CIFAR conv1 (3->6 5x5, b64) forward 1.2-1.3 against 4.8-5.5 ms (columns +
+    # GEMM), weight gradient 3.1-3.3 against 3.1-3.3 ms (GEMM on saved columns);
+    # depthwise 3x3 (32 channels, 16x16, b32) 0.42 + 0.58 against 2.50 + 0.34 ms.
+    "conv2d": Rule({"col2im": conv.col2im, "direct_forward": conv_direct.forward,
+                    "direct_weight_grad": conv_direct.weight_grad}),
     "max_pool2d": Rule({"forward": pool.max_pool_forward}),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
     "adam": Rule({"update": optim_kernels.adam_update}, _contiguous),
 }
+
+# The direct convolution's shapes (1 thread, CPU time, forward + weight
+# gradient against columns + GEMM): stride 1 and one input channel per group
+# (depthwise, single-channel images: the GEMM's K is kh·kw), or up to this many
+# with at least this many taps (the CIFAR Net's conv1). Measured slower: its
+# conv2 (6 channels, 5x5), the ResNet stem (3 channels, 3x3: the direct weight
+# gradient 3x the GEMM's), 16-channel 3x3 layers.
+CONV_DIRECT_MAX_CHANNELS = 3
+CONV_DIRECT_MIN_TAPS = 25
+
+
+def conv_direct_takes(weight_shape, stride):
+    """True when conv2d should run the direct kernels for this weight (O,
+    C/G, kh, kw) and stride (the op still asks ``lookup`` for them)."""
+    _, channels, kh, kw = weight_shape
+    if tuple(stride) != (1, 1):
+        return False
+    return channels == 1 or (channels <= CONV_DIRECT_MAX_CHANNELS
+                             and kh * kw >= CONV_DIRECT_MIN_TAPS)
+
 
 _mode = []  # [mode] once SPMDNET_KERNELS has been read
 

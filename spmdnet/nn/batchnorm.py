@@ -12,13 +12,10 @@ from .module import Module
 from .parameter import Parameter
 
 
-class _BatchNorm(Module):
-    """Shared by BatchNorm1d/2d/3d and SyncBatchNorm (``_check_input_dim`` differs).
-
-    Training: normalise by the batch's statistics and (``track_running_stats``)
-    move the running ones by ``momentum`` (None: the cumulative average over
-    ``num_batches_tracked`` batches). Eval: normalise by the running
-    statistics (by the batch's when there are none)."""
+class _NormBase(Module):
+    """Per-feature affine parameters and running statistics, shared by the
+    batch norms and the instance norms (``nn/normalization.py``), which
+    differ only in how they normalise."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None):
@@ -51,6 +48,19 @@ class _BatchNorm(Module):
             init.ones_(self.weight)
             init.zeros_(self.bias)
 
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class _BatchNorm(_NormBase):
+    """Shared by BatchNorm1d/2d/3d and SyncBatchNorm (``_check_input_dim`` differs).
+
+    Training: normalise by the batch's statistics and (``track_running_stats``)
+    move the running ones by ``momentum`` (None: the cumulative average over
+    ``num_batches_tracked`` batches). Eval: normalise by the running
+    statistics (by the batch's when there are none)."""
+
     def _check_input_dim(self, x):
         raise NotImplementedError
 
@@ -77,11 +87,6 @@ class _BatchNorm(Module):
         factor = self._factor()
         return F.batch_norm(x, *self._running(), self.weight, self.bias,
                             self._uses_batch_stats(), factor, self.eps)
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
-
 
 def _expect_dims(name, x, dims):
     if x.ndim not in dims:

@@ -83,6 +83,12 @@ class ModuleList(ModuleSequence):
         return self.extend(modules)
 
 
+# The attribute a wrapper sets on each module whose parameters it manages
+# (its name, e.g. "FullyShardedDataParallel"): Sequential never fuses such a
+# module, whose forward must run for the wrapper to gather its weights.
+MANAGED_BY = "_spmdnet_managed_by"
+
+
 class Sequential(ModuleSequence):
     """Modules applied in order: ``Sequential(a, b, c)(x)`` is ``c(b(a(x)))``;
     ``Sequential(OrderedDict(name=module, ...))`` names the children. A slice
@@ -95,7 +101,8 @@ class Sequential(ModuleSequence):
     calling the two modules in turn (tests/test_nn.py compares both in
     float64), but the activation module's ``forward`` is not called.
     ``fused_pairs()`` shows which modules fuse; ``fuse=False`` (or setting
-    ``seq.fuse = False``) calls every module in turn.
+    ``seq.fuse = False``) calls every module in turn, as does a Linear that a
+    wrapper manages (``MANAGED_BY``, set by FullyShardedDataParallel).
     """
 
     def __init__(self, *modules, fuse=True):
@@ -129,9 +136,10 @@ class Sequential(ModuleSequence):
         modules, fused, i = list(self), dict(self.fused_pairs()), 0
         while i < len(modules):
             m = modules[i]
-            # a wrapper that manages the weight (FSDP frees it between uses) runs
-            # the Linear itself, so its forward gathers what it needs
-            if i in fused and m.weight.ndim == 2:
+            # a wrapper that manages the Linear's parameters (FSDP frees them
+            # between uses and gathers them in the module's own forward) marks
+            # it: the Linear runs itself; the shape test guards unmarked ones
+            if i in fused and getattr(m, MANAGED_BY, None) is None and m.weight.ndim == 2:
                 x = F.linear(x, m.weight, m.bias, activation=fused[i])
                 i += 2
             else:

@@ -1,11 +1,12 @@
 """Module: ordered registration of parameters, buffers and submodules by
 attribute, with PyTorch's dotted names and state_dict keys."""
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
+from collections.abc import Mapping
 
 import numpy as np
 
 from .. import host_memory
-from ..backend import asnumpy, to_device, xp_of
+from ..backend import device_of, to_device
 from .._args import resolve_device, resolve_dtype
 from .._tensor import Tensor
 from .parameter import Parameter, grad_array
@@ -246,48 +247,82 @@ class Module:
         return list(self.parameters()) + list(self.buffers())
 
     # -- state -------------------------------------------------------------------
-    def _state_items(self):
-        """(key, tensor) in PyTorch's state_dict order: a module's own
-        parameters, then its buffers, then each child's, depth first. Unlike
-        named_parameters(), a shared tensor appears under every name, as in
-        PyTorch (tied weights give two keys)."""
+    def _state_slots(self):
+        """(key, module, local name, tensor) in PyTorch's state_dict order: a
+        module's own parameters, then its persistent buffers, then each
+        child's, depth first. Unlike named_parameters(), a shared tensor
+        appears under every name, as in PyTorch (tied weights give two keys)."""
         out, stack = [], [("", self)]
         while stack:
             prefix, mod = stack.pop()
-            out.extend((prefix + k, t) for k, t in mod._parameters.items() if t is not None)
-            out.extend((prefix + k, t) for k, t in mod._buffers.items()
+            out.extend((prefix + k, mod, k, t) for k, t in mod._parameters.items()
+                       if t is not None)
+            out.extend((prefix + k, mod, k, t) for k, t in mod._buffers.items()
                        if t is not None and k not in mod._non_persistent_buffers_set)
             stack.extend(reversed([(f"{prefix}{k}.", m) for k, m in mod._modules.items()
                                    if m is not None]))
         return out
 
-    def state_dict(self):
-        """{dotted name: NumPy copy} of parameters and buffers, PyTorch's keys."""
-        return OrderedDict((k, np.array(asnumpy(t.array), copy=True))
-                           for k, t in self._state_items())
+    def _state_items(self):
+        """(key, tensor) in state_dict order (see ``_state_slots``)."""
+        return [(key, t) for key, _, _, t in self._state_slots()]
 
-    def load_state_dict(self, state, strict=True):
-        """Copy arrays into parameters and buffers in place.
+    def state_dict(self, *, destination=None, prefix="", keep_vars=False):
+        """PyTorch's: an OrderedDict {dotted name: detached Tensor sharing
+        memory with the parameter or buffer}, so ``sd[k].copy_(v)`` writes
+        the model (copy what must not change: ``v.clone()``, ``v.numpy()``).
+        ``keep_vars=True`` gives the Parameters themselves."""
+        out = OrderedDict() if destination is None else destination
+        for key, t in self._state_items():
+            out[prefix + key] = t if keep_vars else t.detach()
+        return out
 
-        With ``strict``, missing and unexpected keys raise KeyError listing
-        them all; a shape mismatch always raises ValueError naming the entry
-        and both shapes. Returns (missing, unexpected)."""
-        own = OrderedDict(self._state_items())
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
-        if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict for {type(self).__name__}: missing keys "
-                           f"{missing}, unexpected keys {unexpected}")
-        bad = [f"{k}: checkpoint {tuple(np.shape(state[k]))} vs model {own[k].shape}"
-               for k in own if k in state and tuple(np.shape(state[k])) != own[k].shape]
-        if bad:
-            raise ValueError("load_state_dict: shape mismatch for " + "; ".join(bad))
-        for k, t in own.items():
-            if k in state:
-                value = state[k].array if isinstance(state[k], Tensor) else state[k]
-                xp = xp_of(t.array)
-                t.array[...] = xp.asarray(value).astype(t.array.dtype, copy=False)
-        return missing, unexpected
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """Copy Tensors (or NumPy/CuPy arrays) into the parameters and buffers,
+        in place and cast to their dtype and device (views onto them, such
+        as data parallelism's buckets, stay valid); ``assign=True`` makes the
+        given tensors the parameters and buffers instead (as PyTorch: the
+        Parameter keeps its requires_grad). Every problem is collected first
+        and raised as one RuntimeError with PyTorch's text (missing and
+        unexpected keys only with ``strict``, shape mismatches always);
+        nothing is loaded then. Returns ``_IncompatibleKeys(missing_keys,
+        unexpected_keys)``."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
+        slots = self._state_slots()
+        own = {key for key, _, _, _ in slots}
+        missing = [key for key, _, _, _ in slots if key not in state_dict]
+        unexpected = [key for key in state_dict if key not in own]
+        errors = []
+        for key, _, _, t in slots:
+            if key not in state_dict:
+                continue
+            value = state_dict[key]
+            if not (isinstance(value, Tensor) or hasattr(value, "__array_interface__")
+                    or hasattr(value, "__cuda_array_interface__")):
+                errors.append(f'While copying the parameter named "{key}", expected Tensor or '
+                              f"array-like object from checkpoint but received {type(value)}")
+            elif tuple(value.shape) != t.shape:
+                errors.append(f"size mismatch for {key}: copying a param with shape "
+                              f"{tuple(value.shape)} from checkpoint, the shape in current "
+                              f"model is {t.shape}.")
+            elif assign and (getattr(t, "_storage_owner", None) or t.grad_buffer is not None):
+                errors.append(f"cannot assign {key}: a wrapper (DataParallel, FSDP, ZeRO) "
+                              "holds views of it; load in place (assign=False)")
+        if strict:
+            if unexpected:
+                errors.insert(0, "Unexpected key(s) in state_dict: "
+                              + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+            if missing:
+                errors.insert(0, "Missing key(s) in state_dict: "
+                              + ", ".join(f'"{k}"' for k in missing) + ". ")
+        if errors:
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
+                               + "\n\t".join(errors))
+        for key, mod, name, t in slots:
+            if key in state_dict:
+                _load_entry(mod, name, t, state_dict[key], assign)
+        return _IncompatibleKeys(missing, unexpected)
 
     def extra_repr(self):
         return ""
@@ -311,8 +346,36 @@ def _to_args(args, kwargs):
             device = arg
         elif arg is not None:
             dtype = arg
-    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    # no default device here: Module.to(dtype) inside `with sn.device(...)` keeps the device
+    device, dtype = resolve_device(device, use_default=False), resolve_dtype(dtype)
     if dtype is not None and dtype.kind not in "fc":
         raise TypeError(f"nn.Module.to only accepts floating point dtypes, "
                         f"but got desired dtype={dtype}")
     return device, dtype
+
+
+class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    """``load_state_dict``'s result, PyTorch's named tuple (equal to the
+    plain tuple ``(missing, unexpected)``)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return super().__repr__()
+
+    __str__ = __repr__
+
+
+def _load_entry(mod, name, t, value, assign):
+    """Put ``value`` (a Tensor or an array of ``t``'s shape) into slot
+    ``name`` of ``mod``, whose tensor is ``t``: in place (cast to t's dtype,
+    moved to t's device), or with ``assign`` as the new tensor itself."""
+    array = value.array if isinstance(value, Tensor) else value
+    if not assign:
+        t.array[...] = to_device(array, device_of(t.array))
+    elif isinstance(t, Parameter):
+        mod._parameters[name] = Parameter(array, requires_grad=t.requires_grad)
+    else:
+        mod._buffers[name] = value if isinstance(value, Tensor) else Tensor(array)

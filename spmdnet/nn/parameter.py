@@ -15,8 +15,8 @@ class Parameter(Tensor):
     def __init__(self, data, requires_grad=True):
         super().__init__(_as_array(data), requires_grad=requires_grad)
 
-    def __repr__(self):
-        return f"Parameter({self.array!r})"
+    def __repr__(self):  # PyTorch's: the tensor's own text under a heading
+        return "Parameter containing:\n" + Tensor.__repr__(self)
 
 
 def grad_array(t):

@@ -5,8 +5,9 @@ subclasses and the wrappers that turn Python arguments into tensors), and
 behind any Tensor method.
 """
 from .._tensor import Tensor
-from . import compare, convert, gather, index, inplace, methods, pointwise, reduce, scan, shape
-from . import sort, unary
+from . import compare, complex, convert, gather, index, inplace, methods, pointwise, reduce
+from . import scan, shape, sort, unary
+from .sampling import multinomial
 from .arith import add, as_tensor_like, div, mul, neg, pow, rdiv, rpow, rsub, sub
 from .convert import array_ufunc
 from .index import getitem
@@ -72,6 +73,8 @@ TENSOR_METHODS = {
     "repeat_interleave": gather.repeat_interleave, "diag": gather.diag,
     # clone, requires_grad_, softmax, new_zeros & co., normal_, uniform_, type (ops/methods.py)
     **methods.METHODS,
+    # complex views and parts (ops/complex.py); sampling (ops/sampling.py)
+    **complex.METHODS, "multinomial": multinomial,
     # type and device (ops/convert.py)
     "to": convert.to, "type_as": convert.type_as, "cpu": convert.cpu, "cuda": convert.cuda,
     **convert.CASTS, "__array_ufunc__": array_ufunc,

@@ -1,5 +1,6 @@
 """Elementwise arithmetic with broadcasting and PyTorch's type promotion:
-add, sub, mul, div, neg, pow."""
+add, sub, mul, div, neg, pow. Complex operands differentiate as PyTorch's
+(the conjugate of the derivative: ``ops/complex.py``)."""
 import numpy as np
 
 from .._args import scalar_dtype
@@ -7,6 +8,7 @@ from .._tensor import Tensor, _as_array, get_default_dtype
 from ..autograd import Function
 from ..backend import xp_of
 from ._util import result_type, unbroadcast
+from .complex import conj_if_complex as conj
 
 
 class Add(Function):
@@ -36,10 +38,10 @@ class Mul(Function):
         self.a, self.b = a, b
         return a * b
 
-    def backward(self, g):
+    def backward(self, g):  # complex: the conjugate (PyTorch's convention, ops/complex.py)
         need_a, need_b = self.needs_input_grad
-        return (unbroadcast(g * self.b, self.a.shape) if need_a else None,
-                unbroadcast(g * self.a, self.b.shape) if need_b else None)
+        return (unbroadcast(g * conj(self.b), self.a.shape) if need_a else None,
+                unbroadcast(g * conj(self.a), self.b.shape) if need_b else None)
 
 
 class Div(Function):
@@ -49,9 +51,9 @@ class Div(Function):
 
     def backward(self, g):
         need_a, need_b = self.needs_input_grad
-        ga = g / self.b
+        ga = g / conj(self.b)
         return (unbroadcast(ga, self.a.shape) if need_a else None,
-                unbroadcast(-ga * self.a / self.b, self.b.shape) if need_b else None)
+                unbroadcast(-ga * conj(self.a / self.b), self.b.shape) if need_b else None)
 
 
 class Neg(Function):
@@ -63,22 +65,29 @@ class Neg(Function):
 
 
 class Pow(Function):
-    """a ** b; a constant exponent is a tensor that needs no gradient."""
+    """a ** b; a constant exponent is a tensor that needs no gradient. The
+    gradients are PyTorch's at the edges: exponent 0 gives a zero base
+    gradient (not 0 * inf at a == 0); the exponent's gradient is 0 where
+    a == 0 and b >= 0 and NaN for a negative base (log a)."""
 
     def forward(self, a, b):
         self.a, self.b = a, b
-        self.out = a ** b
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** -1 is inf, silently
+            self.out = a ** b
         return self.out
 
     def backward(self, g):
         need_a, need_b = self.needs_input_grad
+        xp = xp_of(self.a, self.b)
         ga = gb = None
-        if need_a:
-            ga = unbroadcast(g * self.b * self.a ** (self.b - 1), self.a.shape)
-        if need_b:
-            xp = xp_of(self.a)
-            log_a = xp.log(xp.where(self.a > 0, self.a, 1))  # 0 ** b has no b-gradient
-            gb = unbroadcast(g * self.out * log_a, self.b.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** -1, log(-1): as PyTorch
+            if need_a:
+                d = xp.where(self.b == 0, 0, self.b * self.a ** (self.b - 1))
+                ga = unbroadcast(g * conj(d), self.a.shape)
+            if need_b:
+                b_real = self.b.real if self.b.dtype.kind == "c" else self.b
+                d = xp.where((self.a == 0) & (b_real >= 0), 0, self.out * xp.log(self.a))
+                gb = unbroadcast(g * conj(d), self.b.shape)
         return ga, gb
 
 
@@ -90,7 +99,9 @@ class Cast(Function):
         self.dtype = a.dtype
         return a.astype(dtype)
 
-    def backward(self, g):
+    def backward(self, g):  # complex to real: the real part (PyTorch's)
+        if g.dtype.kind == "c" and self.dtype.kind != "c":
+            g = g.real
         return g.astype(self.dtype, copy=False)
 
 
@@ -171,6 +182,11 @@ def div(input, other):  # noqa: A002
 
 
 def pow(input, exponent):  # noqa: A001,A002 - the operator's name
+    """``input ** exponent``; either may be a Python number (not both, as
+    PyTorch), with gradients for both tensors."""
+    if isinstance(input, _SCALARS) and isinstance(exponent, _SCALARS):
+        raise TypeError(f"pow() received an invalid combination of arguments: two numbers "
+                        f"({input!r}, {exponent!r}); one of them must be a Tensor")
     return _binary(Pow, input, exponent)
 
 

@@ -29,6 +29,29 @@ def _add(total, part):
     return total
 
 
+def _check_shapes(q, k, v, mask):
+    """The broadcast leading shape of q (..., L, E), k (..., S, E), v (..., S, Ev)
+    and the mask (..., L, S); a RuntimeError naming every shape when they do not
+    fit (rather than NumPy's gufunc message from deep inside the product)."""
+    def fail(why):
+        shapes = f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
+        if mask is not None:
+            shapes += f", attn_mask {tuple(mask.shape)}"
+        raise RuntimeError(f"scaled_dot_product_attention: {why} ({shapes})")
+
+    if min(q.ndim, k.ndim, v.ndim) < 2:
+        fail("query, key and value need at least 2 dimensions")
+    if q.shape[-1] != k.shape[-1]:
+        fail(f"query's embedding size {q.shape[-1]} differs from key's {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        fail(f"key's sequence length {k.shape[-2]} differs from value's {v.shape[-2]}")
+    try:
+        return np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
+                                   () if mask is None else mask.shape[:-2])
+    except ValueError:
+        fail("the batch dimensions do not broadcast")
+
+
 class ScaledDotProductAttention(Function):
     """Inputs q, k, v and optionally a mask that may need a gradient (a
     float one); a mask that needs none may come as ``mask=``."""
@@ -37,9 +60,8 @@ class ScaledDotProductAttention(Function):
                 seed=0, block_rows=None):
         mask = grad_mask[0] if grad_mask else mask
         xp = xp_of(q, k, v)
+        lead = _check_shapes(q, k, v, mask)
         length, source = q.shape[-2], k.shape[-2]
-        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
-                                   () if mask is None else mask.shape[:-2])
         self.shapes, self.lead = (q.shape, k.shape, v.shape), lead
         self.q, self.k, self.v = (xp.broadcast_to(a, lead + a.shape[-2:]).reshape(
             (-1,) + a.shape[-2:]) for a in (q, k, v))

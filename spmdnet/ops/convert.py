@@ -9,6 +9,7 @@ to an integer or bool dtype leaves it.
 import numpy as np
 
 from .._args import resolve_device, resolve_dtype
+from .._device import device as Device
 from .._tensor import Tensor
 from ..autograd import Function
 from ..backend import device_of, to_device
@@ -45,11 +46,11 @@ def to(a, *args, dtype=None, device=None, non_blocking=False, copy=False):
     for arg in args:
         if isinstance(arg, Tensor):
             dtype, device = arg.dtype, arg.device
-        elif isinstance(arg, str):
+        elif isinstance(arg, (str, Device)):
             device = arg
         else:
             dtype = arg
-    device = resolve_device(device)
+    device = resolve_device(device, use_default=False)  # None: stay where it is
     out = a
     if device is not None and device != device_of(a.array):
         out = ToDevice.apply(a, device=device)
@@ -70,6 +71,11 @@ def cpu(a):
 
 
 def cuda(a, device=None, non_blocking=False):
+    """``a`` on this rank's GPU: ``device`` (an ordinal, "cuda:N") is accepted
+    for PyTorch's sake; each rank binds its own GPU (distributed runtime)."""
+    if device is not None and resolve_device(device if not isinstance(device, int)
+                                             else Device("cuda", device)) != "gpu":
+        raise ValueError(f"cuda() takes a CUDA device, got {device!r}")
     return to(a, "gpu")
 
 

@@ -13,6 +13,7 @@ label smoothing runs the kernels where ``kernels.lookup`` gives them (the MLP
 training step); the xp code here is their reference.
 """
 import warnings
+import numpy as np
 
 from .. import kernels
 from .._tensor import Tensor
@@ -37,18 +38,27 @@ def reduction_of(name, reduction, size_average=None, reduce=None):
 
 
 def reduce_losses(losses, reduction, count):
-    """Sum, mean over ``count`` (a number or a 0-d array), or the losses."""
+    """Sum, mean over ``count`` (a number or a 0-d array), or the losses. The
+    mean of no losses (an empty batch, every target ignored) is NaN, silently,
+    as PyTorch's: 0/0 without NumPy's RuntimeWarning."""
     if reduction == "none":
         return losses
     total = losses.sum()
-    return total / count if reduction == "mean" else total
+    if reduction != "mean":
+        return total
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / count
 
 
 def loss_scale(g, reduction, count, shape):
     """d(reduced loss)/d(each loss): an array of ``shape``, or a scalar."""
     if reduction == "none":
         return g.reshape(shape)
-    return g / count if reduction == "mean" else g
+    if reduction != "mean":
+        return g
+    # no counted losses (every target ignored): PyTorch's gradient is 0, not
+    # NaN; dividing by 1 there leaves every loss's own zero weight to give it
+    return g / (count + (count == 0))
 
 
 def _rows(x):

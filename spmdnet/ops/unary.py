@@ -8,15 +8,26 @@ in ``spmdnet.kernels.activation``), for these ops and for the fused linear
 layer (``ops.linalg.LinearAct``). The ops take kernels where
 ``kernels.lookup`` gives one (its table: where they measured at least 2x
 faster); both sides save the same things, so they mix freely. The xp path
-calls no Numba code (``kernels.erf`` is plain xp).
+calls no Numba code (``kernels.erf`` is plain xp). Complex inputs take the
+conjugate derivative (PyTorch's convention, ``ops/complex.py``).
 """
 import math
+
+import numpy as np
 
 from .. import kernels
 from .._tensor import Tensor, get_default_dtype
 from ..autograd import Function
 from ..backend import xp_of
 from ..kernels import erf
+from .complex import conj_if_complex as conj
+
+
+def _ieee():
+    """NumPy's warnings off for IEEE results PyTorch gives silently (log(0)
+    is -inf, sqrt(-1) nan, x/0 inf): a NumPy habit must not add noise to a
+    PyTorch program. CuPy never warns."""
+    return np.errstate(divide="ignore", invalid="ignore")
 
 
 class Exp(Function):
@@ -25,34 +36,40 @@ class Exp(Function):
         return self.out
 
     def backward(self, g):
-        return g * self.out
+        return g * conj(self.out)
 
 
 class Log(Function):
     def forward(self, a):
         self.a = a
-        return xp_of(a).log(a)
+        with _ieee():  # log(0) = -inf, log(-1) = nan: silently, as PyTorch
+            return xp_of(a).log(a)
 
     def backward(self, g):
-        return g / self.a
+        with _ieee():
+            return g / conj(self.a)
 
 
 class Log1p(Function):
     def forward(self, a):
         self.a = a
-        return xp_of(a).log1p(a)
+        with _ieee():
+            return xp_of(a).log1p(a)
 
     def backward(self, g):
-        return g / (1 + self.a)
+        with _ieee():
+            return g / conj(1 + self.a)
 
 
 class Sqrt(Function):
     def forward(self, a):
-        self.out = xp_of(a).sqrt(a)
+        with _ieee():  # sqrt(-1) = nan, silently
+            self.out = xp_of(a).sqrt(a)
         return self.out
 
     def backward(self, g):
-        return g / (2 * self.out)
+        with _ieee():
+            return g / (2 * conj(self.out))
 
 
 class Rsqrt(Function):
@@ -61,7 +78,7 @@ class Rsqrt(Function):
         return self.out
 
     def backward(self, g):
-        return g * -0.5 * self.out ** 3
+        return g * -0.5 * conj(self.out ** 3)
 
 
 class Sin(Function):
@@ -70,7 +87,7 @@ class Sin(Function):
         return xp_of(a).sin(a)
 
     def backward(self, g):
-        return g * xp_of(g).cos(self.a)
+        return g * conj(xp_of(g).cos(self.a))
 
 
 class Cos(Function):
@@ -79,7 +96,7 @@ class Cos(Function):
         return xp_of(a).cos(a)
 
     def backward(self, g):
-        return g * -xp_of(g).sin(self.a)
+        return g * -conj(xp_of(g).sin(self.a))
 
 
 class Abs(Function):
@@ -88,7 +105,12 @@ class Abs(Function):
         return xp_of(a).abs(a)
 
     def backward(self, g):
-        return g * xp_of(g).sign(self.a)
+        a = self.a
+        if a.dtype.kind != "c":
+            return g * xp_of(g).sign(a)
+        # PyTorch's sgn(z) = z/|z| (0 at 0): for real L the gradient of z
+        xp, size = xp_of(a), xp_of(a).abs(a)
+        return g * xp.where(size == 0, 0, a / xp.where(size == 0, 1, size))
 
 
 class Clamp(Function):

@@ -3,20 +3,25 @@ import math
 
 from .. import kernels
 from ..backend import xp_of
-from .optimizer import Optimizer, check_nonneg, scratch
+from .optimizer import Optimizer, check_betas, check_nonneg, implementation_flags, scratch, \
+    signed_grad
 
 
 class Adam(Optimizer):
     """Adam with PyTorch's update rule (``torch.optim.Adam``)::
 
-        g = grad + weight_decay * p                    (L2, Adam only)
-        p *= 1 - lr * weight_decay                     (decoupled, AdamW only)
+        g = -grad if maximize else grad
+        g = g + weight_decay * p                       (L2: Adam's default)
+        p *= 1 - lr * weight_decay                     (decoupled: AdamW)
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
+        vmax = max(vmax, v) if amsgrad else v
         bc1, bc2 = 1 - b1**t, 1 - b2**t
-        p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+        p -= (lr / bc1) * m / (sqrt(vmax) / sqrt(bc2) + eps)
 
-    State per parameter: ``step`` (int), ``exp_avg`` (m), ``exp_avg_sq`` (v).
+    State per parameter: ``step`` (int), ``exp_avg`` (m), ``exp_avg_sq`` (v),
+    ``max_exp_avg_sq`` (vmax, with amsgrad). ``decoupled_weight_decay=True``
+    makes Adam AdamW, as in PyTorch; ``foreach``/``fused`` change no number.
 
     Why the code looks unlike the formula: the training step is benchmarked
     against hand-written NumPy, so every operation is an in-place ufunc
@@ -26,24 +31,22 @@ class Adam(Optimizer):
     one full pass over the parameter.
     """
 
-    _decoupled = False
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.0):
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps,
-                        "weight_decay": weight_decay}
+                 weight_decay=0.0, amsgrad=False, *, foreach=None, maximize=False,
+                 capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                    "amsgrad": amsgrad, "maximize": maximize,
+                    **implementation_flags(type(self).__name__, foreach, differentiable,
+                                           capturable=capturable, fused=fused),
+                    "decoupled_weight_decay": decoupled_weight_decay}
         super().__init__(params, defaults)
 
     def _validate(self, group):
         check_nonneg("learning rate", group["lr"])
         check_nonneg("epsilon value", group["eps"])
         check_nonneg("weight_decay value", group["weight_decay"])
-        betas = tuple(group["betas"])
-        if len(betas) != 2:
-            raise ValueError(f"betas must be a pair, got {betas}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        check_betas(group["betas"])
 
     def step(self, closure=None):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
@@ -51,29 +54,36 @@ class Adam(Optimizer):
         for group in self.param_groups:
             b1, b2 = (float(b) for b in group["betas"])
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+            options = {"decoupled": bool(group.get("decoupled_weight_decay", False)),
+                       "amsgrad": bool(group.get("amsgrad", False)),
+                       "maximize": bool(group.get("maximize", False))}
             for p in group["params"]:
                 if p.grad is not None:
                     self._update(p.array, p.grad.array, self.state.setdefault(p, {}), lr, b1, b2,
-                                 eps, wd)
+                                 eps, wd, **options)
         return loss
 
-    def _update(self, data, grad, state, lr, b1, b2, eps, wd):
+    @staticmethod
+    def _update(data, grad, state, lr, b1, b2, eps, wd, decoupled, amsgrad, maximize):
         xp = xp_of(data, grad)
         if "step" not in state:
             state["step"] = 0
             state["exp_avg"] = xp.zeros_like(data)
             state["exp_avg_sq"] = xp.zeros_like(data)
+        if amsgrad and "max_exp_avg_sq" not in state:
+            state["max_exp_avg_sq"] = xp.zeros_like(data)
         state["step"] += 1
         t = state["step"]
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        kernel = kernels.lookup("adam", data, grad, m, v, step="update")
+        vmax = state["max_exp_avg_sq"] if amsgrad else None
+        kernel = kernels.lookup("adam", data, grad, m, v, vmax, step="update")
         if kernel is not None:  # one fused pass
-            kernel(data, grad, m, v, lr, b1, b2, eps, t, wd, self._decoupled)
+            kernel(data, grad, m, v, lr, b1, b2, eps, t, wd, decoupled, maximize, vmax)
             return
         tmp = scratch(state, data)
-        g = grad
+        g = grad = signed_grad(grad, maximize)
         if wd != 0.0:
-            if self._decoupled:
+            if decoupled:
                 data *= 1.0 - lr * wd
             else:  # g = grad + wd * p in the scratch, p.grad untouched
                 xp.multiply(data, wd, out=tmp)
@@ -92,6 +102,9 @@ class Adam(Optimizer):
         v *= b2
         v += tmp
 
+        if amsgrad:
+            xp.maximum(vmax, v, out=vmax)
+            v = vmax
         bc1 = 1.0 - b1 ** t
         sqrt_bc2 = math.sqrt(1.0 - b2 ** t)
         xp.sqrt(v, out=tmp)
@@ -106,9 +119,10 @@ class AdamW(Adam):
     parameter shrinks by ``1 - lr * weight_decay`` before the Adam update,
     instead of the decay being added to the gradient."""
 
-    _decoupled = True
-
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=1e-2):
-        super().__init__(params, lr=lr, betas=betas, eps=eps,
-                         weight_decay=weight_decay)
+                 weight_decay=1e-2, amsgrad=False, *, maximize=False, foreach=None,
+                 capturable=False, differentiable=False, fused=None):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)

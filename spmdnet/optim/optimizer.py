@@ -27,6 +27,60 @@ def check_nonneg(name, value):
         raise ValueError(f"Invalid {name}: {value}")
 
 
+def implementation_flags(name, foreach=None, differentiable=False, **optional):
+    """PyTorch's implementation switches as param-group entries, checked.
+
+    ``foreach`` and ``fused`` pick one of PyTorch's implementations of the
+    same update; here there is one (fused kernels where ``kernels.lookup``
+    gives them, else in-place xp), so they are accepted and recorded and
+    change no number. ``differentiable`` (an update autograd can go through)
+    and ``capturable`` (CUDA graphs) have no equivalent: True raises.
+    ``optional`` holds ``fused`` and ``capturable`` for the optimizers that
+    take them in PyTorch, so each records the keys PyTorch records.
+    """
+    if foreach and optional.get("fused"):
+        raise RuntimeError(f"{name}: `fused` and `foreach` cannot be `True` together.")
+    flags = {"foreach": foreach, "differentiable": differentiable, **optional}
+    for flag, why in (("differentiable", "an update that autograd can differentiate"),
+                      ("capturable", "CUDA-graph capture of the step")):
+        if flags.get(flag):
+            raise NotImplementedError(
+                f"{name}({flag}=True): spmdnet has no {why}; optimizers update raw arrays "
+                f"outside autograd. Leave {flag}=False.")
+    return flags
+
+
+def signed_grad(grad, maximize):
+    """The gradient to descend: ``-grad`` (a new array) to maximize."""
+    return -grad if maximize else grad
+
+
+def check_betas(betas):
+    """``betas`` as a pair of floats in [0, 1), or ValueError showing them."""
+    betas = tuple(betas)
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair, got {betas}")
+    for i, b in enumerate(betas):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+    return betas
+
+
+def decayed_grad(data, grad, group):
+    """The gradient an update descends, from ``group``'s ``maximize`` and
+    ``weight_decay``: L2 decay is added to it (a new array; ``p.grad`` is
+    untouched); with ``decoupled_weight_decay`` the parameter shrinks by
+    ``1 - lr * weight_decay`` in place instead."""
+    g = signed_grad(grad, group.get("maximize", False))
+    wd = float(group["weight_decay"])
+    if wd != 0.0:
+        if group.get("decoupled_weight_decay", False):
+            data *= 1.0 - float(group["lr"]) * wd
+        else:
+            g = g + wd * data
+    return g
+
+
 def scratch(state, data):
     """A scratch array like ``data``, allocated once and kept in ``state``.
 
@@ -103,6 +157,13 @@ class Optimizer:
     def step(self, closure=None):
         """Apply one update to every parameter that has a gradient."""
         raise NotImplementedError
+
+    def _params_with_grads(self):
+        """(group, p.array, p.grad.array, state[p]) for each parameter with a gradient."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    yield group, p.array, p.grad.array, self.state.setdefault(p, {})
 
     def _indexed_params(self):
         """Parameters in group order: their position is the checkpoint index."""

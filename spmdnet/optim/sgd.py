@@ -1,13 +1,14 @@
 """Stochastic gradient descent with PyTorch's momentum/Nesterov rule."""
 from .. import kernels
 from ..backend import xp_of
-from .optimizer import Optimizer, check_nonneg, scratch
+from .optimizer import Optimizer, check_nonneg, implementation_flags, scratch, signed_grad
 
 
 class SGD(Optimizer):
     """SGD, update rule identical to ``torch.optim.SGD``::
 
-        g = grad + weight_decay * p
+        g = -grad if maximize else grad
+        g = g + weight_decay * p
         if momentum:
             buf = g                                  (first step, no dampening)
             buf = momentum * buf + (1 - dampening) * g   (later steps)
@@ -17,13 +18,16 @@ class SGD(Optimizer):
     Every temporary goes through one scratch array per parameter, so a
     step allocates nothing after the first and ``p.array`` (and ``p.grad``)
     keep their identity and dtype. ``state[p]["momentum_buffer"]`` holds
-    the buffer, as in PyTorch.
+    the buffer, as in PyTorch. ``foreach``/``fused`` change no number
+    (``implementation_flags``).
     """
 
-    def __init__(self, params, lr, momentum=0.0, dampening=0.0,
-                 weight_decay=0.0, nesterov=False):
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0,
+                 weight_decay=0.0, nesterov=False, *, maximize=False, foreach=None,
+                 differentiable=False, fused=None):
         defaults = {"lr": lr, "momentum": momentum, "dampening": dampening,
-                        "weight_decay": weight_decay, "nesterov": nesterov}
+                    "weight_decay": weight_decay, "nesterov": nesterov, "maximize": maximize,
+                    **implementation_flags("SGD", foreach, differentiable, fused=fused)}
         super().__init__(params, defaults)
 
     def _validate(self, group):
@@ -41,13 +45,14 @@ class SGD(Optimizer):
         for group in self.param_groups:
             # Python floats keep float32 arrays float32 (NumPy's weak scalars).
             hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
-                     float(group["weight_decay"]), group["nesterov"])
+                     float(group["weight_decay"]), group["nesterov"],
+                     bool(group.get("maximize", False)))
             for p in (p for p in group["params"] if p.grad is not None):
                 self._update(p.array, p.grad.array, self.state.setdefault(p, {}), *hyper)
         return loss
 
     @staticmethod
-    def _update(data, grad, state, lr, mom, damp, wd, nesterov):
+    def _update(data, grad, state, lr, mom, damp, wd, nesterov, maximize):
         xp = xp_of(data, grad)
         kernel = kernels.lookup("sgd", data, grad, step="update")
         if kernel is not None:  # one fused pass
@@ -55,10 +60,10 @@ class SGD(Optimizer):
             first = mom != 0.0 and buf is None
             if first:
                 buf = state["momentum_buffer"] = xp.empty_like(data)
-            kernel(data, grad, buf, lr, mom, damp, wd, nesterov, first)
+            kernel(data, grad, buf, lr, mom, damp, wd, nesterov, first, maximize)
             return
         tmp = scratch(state, data)
-        g = grad
+        g = grad = signed_grad(grad, maximize)
         if wd != 0.0:  # g = grad + wd * p, never touching p.grad
             xp.multiply(data, wd, out=tmp)
             tmp += grad

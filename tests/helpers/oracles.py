@@ -2,9 +2,12 @@
 serial and the distributed tests."""
 import contextlib
 
+import numpy as np
+
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import optim
+from spmdnet.autograd.finite_differences import central_differences
 
 # the optimizers the parallel wrappers are checked with against serial training
 OPTIMIZERS = {
@@ -22,6 +25,13 @@ def default_dtype(dtype):
         yield
     finally:
         sn.set_default_dtype(before)
+
+
+def numeric_gradient(f, x, eps=1e-6):
+    """d f(x) / dx by central differences, for ``f`` a scalar function of an
+    array; ``x`` is left as it was (a copy of it is perturbed)."""
+    x = np.array(x)
+    return central_differences(lambda: f(x), x, eps)
 
 
 def train_step(model, opt, x, y):

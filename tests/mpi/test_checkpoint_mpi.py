@@ -12,8 +12,9 @@ import pytest
 from mpi4py import MPI
 
 import spmdnet as sn
-from spmdnet import checkpoint, dist, nn, optim
+from spmdnet import dist, nn, optim
 from spmdnet.checkpoint import files as checkpoint_io
+from tests.helpers.shared_dirs import shared_checkpoint_directory
 
 pytestmark = pytest.mark.mpi(min_size=2)
 Usage = namedtuple("Usage", "total used free")
@@ -21,10 +22,7 @@ Usage = namedtuple("Usage", "total used free")
 
 @pytest.fixture
 def shared(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(checkpoint.directory, "loaded_cleanly", {})
-    dist.init()
-    path = tmp_path_factory.mktemp("ck") if dist.rank() == 0 else None
-    return MPI.COMM_WORLD.bcast(str(path) if path else None, root=0)
+    return shared_checkpoint_directory(tmp_path_factory, monkeypatch)
 
 
 def model_and_opt():

@@ -63,7 +63,7 @@ class Ids:
 
     def __getitem__(self, index):
         index = np.asarray(index)
-        return index.astype(np.float32)[:, None], index
+        return index.astype(np.float32)[..., None], index  # an index array or one index
 
 
 # -- equal batch counts -------------------------------------------------------------

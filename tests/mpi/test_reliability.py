@@ -10,19 +10,16 @@ from mpi4py import MPI
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
-from spmdnet.distributed import guard
+from tests.helpers.check_mode import collective_check_mode
+from tests.helpers.shared_dirs import shared_directory
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture
 def debug_collectives(monkeypatch):
-    dist.init()
-    monkeypatch.setenv("SPMDNET_DEBUG_COLLECTIVES", "1")
-    guard.configure()
-    yield
-    monkeypatch.delenv("SPMDNET_DEBUG_COLLECTIVES")
-    guard.configure()
+    with collective_check_mode(monkeypatch):
+        yield
 
 
 def test_check_mode_catches_a_shape_mismatch(debug_collectives):
@@ -96,13 +93,8 @@ def test_nonfinite_skip_skips_the_step_everywhere():
     ddp.close()
 
 
-def shared_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") if dist.rank() == 0 else None
-    return MPI.COMM_WORLD.bcast(str(path) if path else None, root=0)
-
-
 def test_checkpoint_restores_each_ranks_rng(tmp_path_factory):
-    directory = shared_dir(tmp_path_factory)
+    directory = shared_directory(tmp_path_factory, "ckpt")
     sn.manual_seed(100 + dist.rank())  # a different stream per rank
     model = nn.Linear(2, 2)
     path = sn.save_checkpoint(directory + "/", model, step=1)
@@ -113,14 +105,14 @@ def test_checkpoint_restores_each_ranks_rng(tmp_path_factory):
 
 
 def test_incompatible_checkpoint_raises_on_every_rank(tmp_path_factory):
-    directory = shared_dir(tmp_path_factory)
+    directory = shared_directory(tmp_path_factory, "ckpt")
     path = sn.save_checkpoint(directory + "/c.h5", nn.Linear(2, 3), step=4)
     with pytest.raises(sn.CheckpointError, match="does not fit the model"):
         sn.load_checkpoint(path, nn.Linear(2, 5))
 
 
 def test_corrupt_on_one_rank_raises_on_every_rank(tmp_path_factory):
-    directory = shared_dir(tmp_path_factory)
+    directory = shared_directory(tmp_path_factory, "ckpt")
     good = sn.save_checkpoint(directory + "/good.h5", nn.Linear(2, 3), step=4)
     path = good if dist.rank() != dist.size() - 1 else directory + "/missing.h5"
     with pytest.raises(sn.CheckpointError, match=f"rank {dist.size() - 1}"):

@@ -104,7 +104,8 @@ def agree_nonfinite(bad, mode, comm, step):
         everyone = comm.allgather(list(bad))
     table = [f"rank {r} parameter {name!r}" for r, names in enumerate(everyone)
              for name in names]
-    where = f"non-finite gradient at step {step}: " + ", ".join(table)
+    at = "" if step is None else f" at step {step}"
+    where = f"non-finite gradient{at}: " + ", ".join(table)
     if mode == "raise":
         raise NonFiniteError(where)
     if comm.Get_rank() == 0:

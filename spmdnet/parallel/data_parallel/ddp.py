@@ -242,3 +242,45 @@ class DataParallel(NoSync, Module):
         if self.comm is not None:
             dist.free(self.comm)
             self.comm = None
+
+
+class DistributedDataParallel(DataParallel):
+    """PyTorch's ``DistributedDataParallel`` arguments on ``DataParallel``
+    (one implementation; ``spmdnet.nn.parallel`` exports it).
+
+    ``process_group``: a ``dist.new_group`` group (or an mpi4py communicator;
+    None: the world). ``bucket_cap_mb`` (None: 25) caps a bucket.
+    ``device_ids``/``output_device``: the rank's device is the one
+    ``dist.init`` bound (``local_rank % GPUs``), so at most one id is
+    accepted and not used. ``find_unused_parameters``, ``static_graph`` and
+    ``gradient_as_bucket_view`` are accepted: a parameter without a gradient
+    always contributes zeros, and ``.grad`` is always a view into its
+    bucket. ``dim``, ``init_sync``, ``check_reduction`` are accepted;
+    ``mixed_precision``/``device_mesh`` raise NotImplementedError."""
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=True, init_sync=True, process_group=None,
+                 bucket_cap_mb=None, find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
+                 mixed_precision=None, device_mesh=None, **kwargs):
+        if device_ids is not None and len(list(device_ids)) > 1:
+            raise ValueError(f"DistributedDataParallel: device_ids {list(device_ids)} must be "
+                             "None or hold one device (one device per process)")
+        for name, value in (("mixed_precision", mixed_precision), ("device_mesh", device_mesh),
+                            ("delay_all_reduce_named_params", delay_all_reduce_named_params),
+                            ("param_to_hook_all_reduce", param_to_hook_all_reduce)):
+            if value is not None:
+                raise NotImplementedError(f"DistributedDataParallel({name}=...) is not "
+                                          "supported by spmdnet")
+        if kwargs:
+            raise TypeError(f"DistributedDataParallel got unexpected arguments {sorted(kwargs)}")
+        comm = dist.comm_of(process_group, "DistributedDataParallel")
+        super().__init__(module, comm=comm,
+                         bucket_mb=25.0 if bucket_cap_mb is None else bucket_cap_mb,
+                         broadcast_buffers=True if broadcast_buffers is None
+                         else broadcast_buffers)
+        self.device_ids, self.output_device, self.dim = device_ids, output_device, dim
+        self.process_group = process_group
+        self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
+        self.gradient_as_bucket_view = gradient_as_bucket_view

@@ -2,16 +2,30 @@
 from ... import distributed as dist
 from ...backend import xp_of
 from .._common.flat import FlatLayout
+from .._common.wrapping import agree_nonfinite, nonfinite_mode
 
 
-def allreduce_gradients(params, comm=None):
+def allreduce_gradients(params, comm=None, nonfinite="ignore"):
     """Average ``p.grad`` over the communicator for every parameter, in place.
 
     Parameters are taken in the given order (the same on every rank); one
     flat buffer per dtype is reduced with one Allreduce. A parameter with no
-    gradient contributes zeros and receives the average."""
+    gradient contributes zeros and receives the average.
+
+    ``nonfinite`` (DataParallel's option and default): "raise" or "skip"
+    checks the local gradients first and all ranks agree: NonFiniteError on
+    every rank naming rank and parameter, or every ``p.grad`` set to None
+    (the optimizer skips the step). Returns True when the step was skipped."""
     comm = dist.comm_or_default(comm)
     params = [p for p in params if p.requires_grad]
+    if nonfinite_mode(nonfinite) != "ignore":
+        bad = [f"#{i} (shape {tuple(p.shape)})" for i, p in enumerate(params)
+               if p.grad is not None and not bool(xp_of(p.grad.array).isfinite(
+                   p.grad.array).all())]
+        if agree_nonfinite(bad, nonfinite, comm, None):
+            for p in params:
+                p.grad = None
+            return True
     by_dtype = {}
     for p in params:
         by_dtype.setdefault(str(p.array.dtype), []).append(p)
@@ -26,3 +40,4 @@ def allreduce_gradients(params, comm=None):
                 p.grad = chunk.copy()
             else:
                 p.grad.copy_(chunk)
+    return False

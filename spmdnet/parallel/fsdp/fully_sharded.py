@@ -21,7 +21,9 @@ inputs are kept between forward and backward (activation checkpointing per
 unit: about one more forward of compute); ``state_dict`` works there too.
 The root unit, and every unit with ``reshard_after_forward=False``, is
 gathered for the whole forward and backward and reduced when backward ends.
-Parameters that get no gradient contribute zeros. All ranks must run the
+Parameters that get no gradient contribute zeros, also where a unit's
+output reaches the loss on some ranks only (every unit's backward runs on
+every rank, see ``units``). All ranks must run the
 same units in the same order (as PyTorch's FSDP). A parameter shared by two
 units is an error; one shared inside a unit is fine.
 
@@ -32,19 +34,21 @@ splits each unit's parameters into one flat per distinct options dict
 (``wrap``); ``fsdp.param_groups()`` then returns the optimizer's
 groups.
 """
+from collections import OrderedDict
+
 import numpy as np
 
 from ... import distributed as dist
 from ..._tensor import Tensor
 from ...backend import xp_of
 from ...autograd import is_grad_enabled, queue_callback
+from ...nn.containers import MANAGED_BY
 from ...nn.module import Module
 from .._common.norm import clip_arrays_
-from .._common.wrapping import (BackwardSentinel, NoSync, agree_nonfinite, nonfinite_mode,
-                                wrapping)
+from .._common.wrapping import NoSync, agree_nonfinite, nonfinite_mode, wrapping
 from .optim_state import full_optim_state, load_full_optim_state
 from .prefetch import Prefetcher, ReduceScatters
-from .units import Pool, Unit, UnitRun
+from .units import ChainEnd, Pool, Unit, UnitRun
 from .wrap import optimizer_groups, owners, policy, split_flats
 
 
@@ -85,6 +89,7 @@ class FullyShardedDataParallel(NoSync, Module):
             dist.broadcast(b.array, root=0, comm=self.comm)
         self.units = []
         self._finish_scheduled = self._open_forward = False
+        self._chaining, self._last_unit_out = False, None  # see units.ChainEnd
         self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
         self.reducer = ReduceScatters(self.comm, overlap)
         for uname, (mod, params) in owners(module, policy(wrap)).items():
@@ -96,6 +101,9 @@ class FullyShardedDataParallel(NoSync, Module):
             self.units.append(unit)
             if unit.recompute:
                 object.__setattr__(mod, "forward", self._runner(unit))
+                # its parameters are freed between uses: a Sequential around it
+                # must call this forward, never fuse the module away (containers.py)
+                object.__setattr__(mod, MANAGED_BY, type(self).__name__)
         # MPICH progresses non-blocking collectives only inside MPI calls: every
         # gradient accumulated into a unit parameter polls the requests in flight.
         self._hooks = [p.register_post_accumulate_grad_hook(self._poke_hook)
@@ -121,8 +129,13 @@ class FullyShardedDataParallel(NoSync, Module):
                 raise TypeError(f"FSDP unit {unit.name!r}: positional arguments must be "
                                 f"Tensors, got {bad} (pass other values as keywords)")
             shards = [f.shard for f in unit.flats]
-            return UnitRun.apply(*shards, *args, unit=unit, n_shards=len(shards),
-                                 kwargs=kwargs, owner=self)
+            prev = self._last_unit_out
+            links = [] if prev is None or any(prev is a for a in args) else [prev]
+            out = UnitRun.apply(*shards, *args, *links, unit=unit, n_shards=len(shards),
+                                n_links=len(links), kwargs=kwargs, owner=self)
+            if self._chaining:  # the next unit (or the model's output) links to it
+                self._last_unit_out = out
+            return out
         return run
 
     # -- forward / backward ----------------------------------------------------------
@@ -137,6 +150,7 @@ class FullyShardedDataParallel(NoSync, Module):
                 unit.open_grads()
         for unit in self.units:
             unit.ran_backward = False
+        self._chaining, self._last_unit_out = grad, None
         try:
             out = self.module(*args, **kwargs)
         except BaseException:
@@ -144,9 +158,11 @@ class FullyShardedDataParallel(NoSync, Module):
             raise
         finally:
             self.prefetcher.end()
+            last, self._chaining, self._last_unit_out = self._last_unit_out, False, None
         if grad and getattr(out, "requires_grad", False):
             self._open_forward = True
-            return BackwardSentinel.apply(out, on_backward=self._schedule_finish)
+            links = [] if last is None or last is out else [last]
+            return ChainEnd.apply(out, *links, on_backward=self._schedule_finish)
         out = _owned(out, kept)
         self._free(kept)
         return out
@@ -243,13 +259,15 @@ class FullyShardedDataParallel(NoSync, Module):
     # -- state -----------------------------------------------------------------------
     def state_dict(self, rank0_only=False):
         """The full state with the original model's keys (every rank, or rank 0
-        only). Between forward and backward too: units whose full parameters
-        a pending backward holds stay as they are (not gathered, not freed)."""
+        only): Tensors that are copies, on the model's device. Between forward
+        and backward too: units whose full parameters a pending backward holds
+        stay as they are (not gathered, not freed)."""
         gathered = [f for f in self.flats() if not f.live]
         for f in gathered:
             f.gather()
-        try:
-            state = Module.state_dict(self.module)
+        try:  # copies, as PyTorch's full state: the gathered arrays are freed below
+            state = OrderedDict((k, Tensor(t.array.copy()))
+                                for k, t in Module.state_dict(self.module).items())
         finally:
             for f in gathered:
                 f.free()
@@ -312,6 +330,7 @@ class FullyShardedDataParallel(NoSync, Module):
                 p._storage_owner = None  # the full array is the parameter's own again
         for unit in self.units:
             unit.module.__dict__.pop("forward", None)
+            unit.module.__dict__.pop(MANAGED_BY, None)
         self.pool.clear()
         for handle in self._hooks:
             handle.remove()

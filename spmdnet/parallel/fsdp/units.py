@@ -24,6 +24,14 @@ backward returns, see ``prefetch.ReduceScatters``) and frees. At most
 one unit's reduce-scatter is in flight when the next starts: it travels
 while the next unit (the previous one in forward order) recomputes and
 backpropagates.
+
+Every rank runs every wrapped unit's backward, in the reverse order of the
+forward, whatever reaches its loss: each ``UnitRun`` of a training forward
+takes the previous unit's output as one more input (a "link", whose
+gradient is zeros) and ``ChainEnd`` links the last one to the model's
+output. A unit whose output reaches the loss on some ranks only then
+gathers and reduce-scatters (zeros) on the others too, instead of leaving
+them in another collective (a deadlock).
 """
 from ... import distributed as dist
 from ... import random as sn_random
@@ -235,12 +243,36 @@ def _buffers_snapshot(module):
     return [(b, b.array.copy()) for b in module.buffers()]
 
 
-class UnitRun(Function):
-    """Run a wrapped unit: forward without a graph, backward by recomputation."""
+def _zeros_like(xp, specs):
+    return tuple(xp.zeros(shape, dtype) for shape, dtype in specs)
 
-    def forward(self, *arrays, unit=None, n_shards=0, kwargs=None, owner=None):
+
+class ChainEnd(Function):
+    """The model's output, linked to the last unit's output (``links``):
+    identity forward; backward calls ``on_backward`` (the end-of-backward
+    reduction is scheduled) and hands the links zero gradients, so that
+    every unit's backward runs on every rank."""
+
+    def forward(self, x, *links, on_backward=None):
+        self.on_backward = on_backward
+        self.links = [(a.shape, a.dtype) for a in links]
+        return x
+
+    def backward(self, g):
+        self.on_backward()
+        return (g,) + _zeros_like(xp_of(g), self.links)
+
+
+class UnitRun(Function):
+    """Run a wrapped unit: forward without a graph, backward by recomputation.
+    The last ``n_links`` inputs are links (see the module docstring): not
+    passed to the unit, zero gradients."""
+
+    def forward(self, *arrays, unit=None, n_shards=0, n_links=0, kwargs=None, owner=None):
         self.unit, self.kwargs, self.owner = unit, kwargs or {}, owner
-        self.inputs = arrays[n_shards:]
+        end = len(arrays) - n_links
+        self.inputs = arrays[n_shards:end]
+        self.links = [(a.shape, a.dtype) for a in arrays[end:]]
         self.rng = sn_random.get_rng_state()
         unit.gather()
         try:
@@ -259,7 +291,7 @@ class UnitRun(Function):
     def backward(self, g):
         unit, owner = self.unit, self.owner
         n = len(unit.flats)
-        needs = self.needs_input_grad[n:]
+        needs = self.needs_input_grad[n:n + len(self.inputs)]
         kept_rng, buffers = sn_random.get_rng_state(), _buffers_snapshot(unit.module)
         unit.gather()
         unit.open_grads()
@@ -280,4 +312,4 @@ class UnitRun(Function):
         unit.ran_backward = True
         owner.poke()
         xgrads = tuple(None if x.grad is None else x.grad.array for x in xs)
-        return (None,) * n + xgrads
+        return (None,) * n + xgrads + _zeros_like(xp_of(g), self.links)

@@ -23,6 +23,7 @@ from ... import distributed as dist
 from ...backend import asnumpy, xp_of
 from ..._tensor import Tensor
 from ...autograd import Function, no_grad
+from ...distributed import guard
 
 TAG_FORWARD, TAG_BACKWARD = 11, 12
 
@@ -34,17 +35,30 @@ def bubble_fraction(stages, micro_batches):
 
 def _send_array(comm, array, dest, tag):
     host = np.ascontiguousarray(asnumpy(array))
-    with dist.guarded(f"send(tag {tag})", comm, host, peer=dest):
+    op = f"send(tag {tag})"
+    with dist.guarded(op, comm, host, peer=dest):
         comm.send((host.shape, host.dtype.str), dest=dest, tag=tag)
-        comm.Send(host, dest=dest, tag=tag)
+        request = comm.Isend(host, dest=dest, tag=tag)
+        # check mode: a send the peer never receives is a wait, reported like a collective's
+        guard.wait_p2p(comm, dest, op, "send", tag, request.Test)
+        request.Wait()
 
 
 def _recv_array(comm, source, tag):
-    with dist.guarded(f"recv(tag {tag})", comm, peer=source):
+    op = f"recv(tag {tag})"
+    with dist.guarded(op, comm, peer=source):
+        guard.wait_p2p(comm, source, op, "recv", tag,
+                       lambda: comm.Iprobe(source=source, tag=tag))
         shape, dtype = comm.recv(source=source, tag=tag)
         out = np.empty(shape, dtype=np.dtype(dtype))
         comm.Recv(out, source=source, tag=tag)
     return out
+
+
+def _array_module(stage):
+    """The array module (NumPy or CuPy) of the stage's parameters."""
+    first = next(iter(stage.parameters()), None)
+    return np if first is None else xp_of(first.array)
 
 
 class RecvActivation(Function):
@@ -86,6 +100,7 @@ class Pipeline:
         self.stage, self.comm, self.micro_batches = stage, comm, micro_batches
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.first, self.last = self.rank == 0, self.rank == self.size - 1
+        self.xp = _array_module(stage)  # receive anchors live where the stage computes
 
     def _split(self, a, name):
         n = a.shape[0]
@@ -100,7 +115,7 @@ class Pipeline:
         if self.first:
             inp = Tensor(x_mb)
         else:
-            anchor = Tensor(np.zeros(()), requires_grad=True)
+            anchor = Tensor(self.xp.zeros(()), requires_grad=True)
             inp = RecvActivation.apply(anchor, comm=self.comm, source=self.rank - 1, tag=i)
         out = self.stage(inp)
         if self.last:
@@ -135,7 +150,7 @@ class Pipeline:
             if self.first:
                 out = self.stage(Tensor(x))
             else:
-                anchor = Tensor(np.zeros(()))
+                anchor = Tensor(self.xp.zeros(()))
                 out = self.stage(RecvActivation.apply(anchor, comm=self.comm,
                                                       source=self.rank - 1, tag=0))
             if not self.last:

@@ -15,9 +15,12 @@ Sharded parameters are ``ShardedParameter``s carrying ``tp_split_axis``,
 which tells ``gather_state_dict`` how to reassemble them (and future tools,
 e.g. a TP-aware gradient norm, which ones are sharded).
 """
+from collections import OrderedDict
+
 import numpy as np
 
 from ... import distributed as dist
+from ..._tensor import Tensor
 from ... import functional as F
 from ...nn import Linear, Module, Parameter
 from ...random import fork_rng
@@ -188,16 +191,18 @@ def _shard_table(model, mesh):
 
 
 def gather_state_dict(model, mesh):
-    """The full, unsplit state_dict (a serial model's keys and shapes) on the
-    mesh rank with tp_rank == dp_rank == 0 (rank 0 when pp == 1); None on
-    the others. Collective over every TP group of the mesh."""
+    """The full, unsplit state_dict (a serial model's keys and shapes, host
+    Tensors that are copies) on the mesh rank with tp_rank == dp_rank == 0
+    (rank 0 when pp == 1); None on the others. Collective over every TP group
+    of the mesh."""
     table = _shard_table(model, mesh)
     desc = [(k, tuple(t.shape), axis, groups) for k, t, axis, groups in table]
     dist.check_same(mesh.tp, desc, "gather_state_dict: TP ranks' (key, shard shape, axis)")
     if mesh.dp_rank != 0:  # the whole TP group agrees: only dp replica 0 gathers
         return None
     root = mesh.tp_rank == 0
-    state = model.state_dict()
+    # host copies (PyTorch's full state dicts are copies too): the model trains on
+    state = OrderedDict((k, t.numpy()) for k, t in model.state_dict().items())
     for key, _, axis, groups in table:
         if axis is None or mesh.tp_size == 1:
             continue
@@ -207,7 +212,7 @@ def gather_state_dict(model, mesh):
             mesh.tp.Gather(local, parts, root=0)
         if root:
             state[key] = join_shards(list(parts), axis, groups)
-    return state if root else None
+    return OrderedDict((k, Tensor(v)) for k, v in state.items()) if root else None
 
 
 def _bcast_from_first(obj, mesh):

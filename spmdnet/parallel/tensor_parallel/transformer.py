@@ -30,7 +30,7 @@ from ...nn import Embedding, MultiheadAttention, Parameter
 from ...nn.attention import _additive
 from .layers import (RowParallelLinear, TPModule, _ParallelLinear, _shard, check_comm,
                               split_shard, tp_rng_region)
-from .collectives import copy_to_group, reduce_from_group
+from .collectives import check_replicated, copy_to_group, reduce_from_group
 
 
 class _OutProjection(RowParallelLinear):
@@ -124,6 +124,7 @@ class VocabParallelEmbedding(TPModule):
             raise IndexError(f"VocabParallelEmbedding: index out of range "
                              f"[0, {self.num_embeddings}): min {int(idx.min())}, "
                              f"max {int(idx.max())}")
+        check_replicated(idx, self.comm, "the token ids of VocabParallelEmbedding")
         local = idx - self.vocab_start
         outside = (local < 0) | (local >= self.weight.shape[0])
         rows = F.embedding(Tensor(xp_of(idx).where(outside, 0, local)), self.weight)
@@ -176,5 +177,14 @@ def vocab_parallel_cross_entropy(logits_shard, target, comm, ignore_index=-100):
     if tgt.dtype.kind not in "iu" or tgt.shape != tuple(logits_shard.shape[:-1]):
         raise ValueError(f"vocab_parallel_cross_entropy: target must be integers of shape "
                          f"{tuple(logits_shard.shape[:-1])}, got {tgt.dtype} {tgt.shape}")
+    check_replicated(tgt, comm, "the targets of vocab_parallel_cross_entropy")
+    vocab = logits_shard.shape[-1] * comm.Get_size()
+    counted = tgt[tgt != ignore_index]
+    if counted.size and (int(counted.min()) < 0 or int(counted.max()) >= vocab):
+        # every rank of the group holds the same targets: all raise, none waits
+        bad = counted[(counted < 0) | (counted >= vocab)]
+        raise IndexError(f"vocab_parallel_cross_entropy: target {int(bad[0])} is out of "
+                         f"bounds [0, {vocab}) ({logits_shard.shape[-1]} classes on each of "
+                         f"{comm.Get_size()} tensor-parallel ranks)")
     return VocabParallelCrossEntropy.apply(logits_shard, target=tgt, comm=comm,
                                            ignore_index=ignore_index)

@@ -70,6 +70,9 @@ class GradientReduceScatter:
         self.fresh = True               # the shard holds no gradient yet (after zero_grad)
         self.reductions = 0             # backward passes reduced since the last step
         self.started_early = 0          # of the last backward's buckets, started from hooks
+        self.check = zo.nonfinite != "ignore"
+        self.bad = []                   # parameters with a non-finite local gradient
+        self._names = {id(p): name for p, name in zip(zo.params, zo.names)}
         for p in zo.params:
             p.grad = None               # gradients from before wrapping are not kept
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -83,6 +86,8 @@ class GradientReduceScatter:
             self._scheduled = True
             queue_callback(self.finish)
         bucket, g = self._bucket_of[id(p)], p.grad.array
+        if self.check and not bool(xp_of(g).isfinite(g).all()):
+            self.bad.append(self._names[id(p)])  # agreed by all ranks at step()
         if len(bucket.params) == 1 and g.flags.c_contiguous:
             bucket.buffer = g.reshape(-1)  # a bucket of one: its gradient is sent as is
         else:

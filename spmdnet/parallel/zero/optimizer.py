@@ -20,6 +20,16 @@ How the gradients arrive (``stage`` and ``reduce_gradients``):
   parameter). Clip with ``zo.clip_grad_norm_(max_norm)`` (the global norm
   over the shards). Reduce-scatter + allgather move the bytes of one
   allreduce, as plain data parallelism.
+
+``nonfinite`` (DataParallel's option and default, "ignore"): "raise" or
+"skip" checks this rank's local gradients for NaN/Inf (stage 2 in the
+gradient hooks, before their reduce-scatter; ``reduce_gradients=True``
+before the reduce-scatter; stage 1 over DataParallel the averaged ones) and
+all ranks agree at ``step()``: NonFiniteError on every rank naming rank,
+parameter and step, or the step is skipped on every rank. A skipped step
+(this option, or DataParallel's ``nonfinite="skip"``, which leaves no
+gradient at all) leaves every parameter and all optimizer state as they
+were, as ``torch.optim`` skips parameters without a gradient.
 """
 from itertools import accumulate
 
@@ -31,6 +41,7 @@ from ...nn.utils.clip_grad import clip_grad_norm_
 from ...optim import Adam
 from .._common.flat import FlatLayout
 from .._common.norm import clip_arrays_
+from .._common.wrapping import agree_nonfinite, nonfinite_mode
 from .grads import DATA_PARALLEL_CLASH, GradientReduceScatter
 from .state import full_state_dict, load_full_state_dict
 
@@ -47,12 +58,14 @@ class ZeroRedundancyOptimizer:
     possibly empty)."""
 
     def __init__(self, params, optimizer_class=Adam, comm=None, reduce_gradients=False,
-                 stage=1, bucket_mb=25.0, **defaults):
+                 stage=1, bucket_mb=25.0, nonfinite="ignore", **defaults):
         if stage not in (1, 2):
             raise ValueError(f"ZeroRedundancyOptimizer stage must be 1 or 2, got {stage!r} "
                              "(stage 3 is parallel.FullyShardedDataParallel)")
+        self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         self.groups = _param_groups(params)
         self.params = [p for g in self.groups for p in g["params"]]
+        self.names = [f"#{i} (shape {tuple(p.shape)})" for i, p in enumerate(self.params)]
         if not self.params:
             raise ValueError("ZeroRedundancyOptimizer got no parameters that require grad")
         if len({id(p) for p in self.params}) != len(self.params):
@@ -120,17 +133,38 @@ class ZeroRedundancyOptimizer:
 
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        bad, any_grad = [], True
         if self._grads is not None:
             self._grads.reduce_if_idle()
-        elif self.reduce_gradients:
-            self._reduce_scatter_grads()
+            bad, self._grads.bad = self._grads.bad, []
         else:
-            self._copy_grad_shard()
+            any_grad = any(p.grad is not None for p in self.params)
+            bad = self._local_nonfinite()
+            if self.reduce_gradients:
+                self._reduce_scatter_grads()
+            else:
+                self._copy_grad_shard()
+        self.steps += 1
+        if self.nonfinite != "ignore" and agree_nonfinite(bad, self.nonfinite, self.comm,
+                                                          self.steps - 1):
+            self.skipped_steps += 1  # every rank skips: no update, no allgather
+            self.zero_grad()
+            return loss
         for param, grad in zip(self.shard_params, self._shard_grads):
-            param.grad = grad
+            # no gradient at all (DataParallel skipped the step): the wrapped
+            # optimizer skips its shard, as torch.optim skips a .grad of None
+            param.grad = grad if any_grad or self.reduce_gradients else None
         self.optim.step()
         self._allgather_params()
         return loss
+
+    def _local_nonfinite(self):
+        """Names of the parameters whose ``.grad`` on this rank holds NaN/Inf."""
+        if self.nonfinite == "ignore":
+            return []
+        return [name for name, p in zip(self.names, self.params)
+                if p.grad is not None and not bool(xp_of(p.grad.array).isfinite(
+                    p.grad.array).all())]
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Scale the gradients so their global norm (any p > 0 or inf) is at

@@ -1,7 +1,8 @@
 """ArrayDataset: in-memory arrays behind the HDF5Dataset interface."""
+from .dataset import Dataset
 
 
-class ArrayDataset:
+class ArrayDataset(Dataset):
     """In-memory ``(x, y)`` arrays indexed like ``HDF5Dataset``: ``len(ds)``
     samples, ``ds[index_array] -> (x[index], y[index])``. For data that fits
     in memory, tests and benchmarks."""

@@ -50,10 +50,17 @@ class HDF5Dataset:
     into memory when it is at most ``cache_bytes``); ``memory_map`` reads
     contiguous datasets through a read-only memory map (see the module's
     notes).
+
+    Float samples and labels are checked for NaN and infinity (a NaN in
+    the data trains the model to NaN, and only a later checkpoint would name
+    a parameter, never the file): the whole dataset when it is cached, else
+    each row at its first read in the process. A ValueError names the file,
+    the key and the first bad row. ``allow_nonfinite=True`` skips the check,
+    for data that holds NaN on purpose (missing values masked later).
     """
 
     def __init__(self, path, x="x", y="y", locking=None, cache="auto",
-                 cache_bytes=256 * 2**20, memory_map=True):
+                 cache_bytes=256 * 2**20, memory_map=True, allow_nonfinite=False):
         self.path, self.x_key, self.y_key = str(path), x, y
         if locking not in (None, True, False, "best-effort"):
             raise ValueError(f"locking must be None, True, False or 'best-effort', got "
@@ -61,6 +68,7 @@ class HDF5Dataset:
         if cache not in (True, False, "auto"):
             raise ValueError(f"cache must be True, False or 'auto', got {cache!r}")
         self.locking, self.memory_map = locking, bool(memory_map)
+        self.allow_nonfinite = bool(allow_nonfinite)
         self._file, self._pid, self._cache, self._sources = None, None, None, {}
         f = self._open()
         try:
@@ -68,9 +76,35 @@ class HDF5Dataset:
             nbytes = f[x].size * f[x].dtype.itemsize + (f[y].size * f[y].dtype.itemsize
                                                          if y else 0)
             if cache is True or (cache == "auto" and nbytes <= cache_bytes):
-                self._cache = (f[x][...], f[y][...] if y else None)
+                self._cache = (self._read_whole(f, x), self._read_whole(f, y) if y else None)
         finally:
             f.close()  # reopened per process at first read
+        self._checked = None  # rows found finite in this process (uncached reads)
+        if self._cache is not None:
+            everything = np.arange(self._len)
+            for key, values in zip((x, y), self._cache):
+                self._check_finite(key, values, everything)
+
+    def _read_whole(self, f, key):
+        """A whole dataset into memory (``cache``), a read error naming the
+        file, the key and the rank: a corrupt chunk fails here, at open."""
+        try:
+            return f[key][...]
+        except OSError as exc:
+            raise OSError(f"cannot read {key!r} of HDF5 dataset {self.path} into memory on "
+                          f"rank {rank_label()} (truncated or corrupt file?): {exc}") from exc
+
+    def _check_finite(self, key, values, rows):
+        """Raise ValueError naming the first row of ``values`` (rows ``rows``
+        of ``key``) holding NaN or infinity; float data only."""
+        if self.allow_nonfinite or values is None or values.dtype.kind != "f":
+            return
+        bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+        if bad.any():
+            first = int(np.min(rows[bad]))
+            raise ValueError(f"HDF5 dataset {self.path}: {key!r} holds NaN or infinity, first "
+                             f"in row {first} (rank {rank_label()}); fix the data, or pass "
+                             "allow_nonfinite=True where non-finite values are meant")
 
     # -- file handling -------------------------------------------------------------
     def _open(self):
@@ -190,7 +224,21 @@ class HDF5Dataset:
         except OSError as exc:
             raise OSError(f"cannot read {len(index)} rows of HDF5 dataset {self.path} on "
                           f"rank {rank_label()} (truncated or corrupt file?): {exc}") from exc
+        if not self.allow_nonfinite and (x.dtype.kind == "f" or (y is not None
+                                                                  and y.dtype.kind == "f")):
+            self._check_new_rows(index, x, y)
         return x, y
+
+    def _check_new_rows(self, index, x, y):
+        """The finite check of rows read for the first time in this process:
+        each row once, whatever the epochs and the order."""
+        if self._checked is None:
+            self._checked = np.zeros(self._len, bool)
+        new = ~self._checked[index]
+        if new.any():
+            self._check_finite(self.x_key, x[new], index[new])
+            self._check_finite(self.y_key, None if y is None else y[new], index[new])
+            self._checked[index[new]] = True
 
 
 def check_same_features(first, second):

@@ -1,142 +1,179 @@
-"""DistributedSampler: which sample indices each rank reads, PyTorch's rules.
+"""PyTorch's samplers: ``Sampler``, ``SequentialSampler``, ``RandomSampler``,
+``SubsetRandomSampler``, ``WeightedRandomSampler``, ``BatchSampler`` (and
+``DistributedSampler``, at its PyTorch home ``distributed.py``).
 
-Pure index arithmetic, identical on every rank (no communication needed):
-1. ``perm = numpy.random.Generator(PCG64(seed + epoch)).permutation(n)``
-   (or ``arange(n)`` without shuffling) — the same on every rank;
-2. without ``drop_last``, pad by repeating indices from the start until the
-   length divides by ``num_replicas``; with it, cut the tail;
-3. rank r takes ``indices[r::num_replicas]`` (strided, not contiguous).
-To reproduce an order outside spmdnet, apply those three steps with the same
-generator. Call ``set_epoch(epoch)`` every epoch, or every epoch repeats the
-same order.
-
-Resuming mid-epoch (as torchdata's ``StatefulDistributedSampler``): the
-position is ``(epoch, start_index)``, ``start_index`` being how many of this
-rank's indices of that epoch are already used; it is the same on every rank,
-whose shares are equally long. ``state_dict()`` holds the position and what
-the order depends on, ``load_state_dict`` restores the position and raises
-``ValueError`` when the order would differ. ``DataLoader.state_dict()``
-advances the position by the batches it has delivered: checkpoint the
-loader's state, not the sampler's, in a training loop.
+Random samplers draw a fresh 63-bit seed per pass from ``generator`` (a
+``numpy.random.Generator``; None: spmdnet's global generator) and draw the
+pass from ``numpy.random.Generator(PCG64(seed))``: the same properties as
+PyTorch's (a permutation per pass, uniform or weighted draws), not PyTorch's
+exact numbers. ``RandomSampler.state_dict()`` holds the seed of the last
+pass, so a DataLoader resumed mid-pass replays that pass exactly.
 """
-import math
-
 import numpy as np
 
-from ...distributed import comm_or_default
-
-# what the order depends on: a state must match these to be loaded
-_ORDER_KEYS = ("dataset_len", "num_replicas", "seed", "shuffle", "drop_last")
+from .dataset import rng_of
 
 
-def _length(ds_or_len):
-    if isinstance(ds_or_len, (int, np.integer)):
-        return int(ds_or_len)
-    return len(ds_or_len)
+def _check_bool(value, name, error=ValueError):
+    if not isinstance(value, bool):
+        raise error(f"{name} should be a boolean value, but got {name}={value!r}")
 
 
-def _world(num_replicas, rank, comm):
-    if num_replicas is not None and rank is not None:
-        return num_replicas, rank
-    comm = comm_or_default(comm)
-    return (comm.Get_size() if num_replicas is None else num_replicas,
-            comm.Get_rank() if rank is None else rank)
+def _check_positive(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer value, but got "
+                         f"{name}={value!r}")
 
 
-class DistributedSampler:
-    """Indices of this rank's share of a dataset (or of ``range(n)``)."""
+def _pass_rng(generator):
+    seed = int(rng_of(generator).integers(2**63))
+    return seed, np.random.Generator(np.random.PCG64(seed))
 
-    def __init__(self, ds_or_len, num_replicas=None, rank=None, shuffle=True, seed=0,
-                 drop_last=False, comm=None):
-        num_replicas, rank = _world(num_replicas, rank, comm)
-        if num_replicas < 1:
-            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is out of range: valid ranks are "
-                             f"[0, {num_replicas - 1}] for num_replicas={num_replicas}")
-        self.dataset_len = _length(ds_or_len)
-        self.num_replicas, self.rank = int(num_replicas), int(rank)
-        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
-        self.epoch, self.start_index = 0, 0
-        # a dataset whose items change per epoch (TokenDataset's random windows)
-        # follows the sampler's epoch, on set_epoch and on resume alike
-        self._dataset_epoch = getattr(ds_or_len, "set_epoch", None)
-        if drop_last and self.dataset_len < num_replicas:
-            raise ValueError(f"{_describe(ds_or_len)} has {self.dataset_len} samples, fewer "
-                             f"than the {num_replicas} ranks: with drop_last every rank "
-                             "would get nothing")
-        if drop_last:
-            self.num_samples = self.dataset_len // num_replicas
-        else:
-            self.num_samples = math.ceil(self.dataset_len / num_replicas)
-        self.total_size = self.num_samples * num_replicas
 
-    def set_epoch(self, epoch):
-        """Use the permutation of ``epoch`` (seeded ``seed + epoch``), and tell
-        the dataset when it has ``set_epoch`` too. A new epoch starts from its
-        first index: a start index set for a resumed epoch is kept only while
-        the epoch stays the same."""
-        if int(epoch) != self.epoch:
-            self.start_index = 0
-        self.epoch = int(epoch)
-        if self._dataset_epoch is not None:
-            self._dataset_epoch(self.epoch)
+class Sampler:
+    """Iterates indices of a dataset (subclasses define ``__iter__``)."""
 
-    def set_start_index(self, start):
-        """Skip this rank's first ``start`` indices of the current epoch (resume
-        mid-epoch; the same on every rank, whose shares are equally long)."""
-        if not 0 <= start <= self.num_samples:
-            raise ValueError(f"start index {start} outside [0, {self.num_samples}]")
-        self.start_index = int(start)
+    def __init__(self, data_source=None):
+        pass
 
-    def global_indices(self):
-        """The padded or cut order of all ranks' indices, before striding."""
-        n = self.dataset_len
-        if self.shuffle:
-            rng = np.random.Generator(np.random.PCG64(self.seed + self.epoch))
-            indices = rng.permutation(n)
-        else:
-            indices = np.arange(n)
-        if self.drop_last:
-            return indices[:self.total_size]
-        pad = self.total_size - n
-        if pad and n:
-            indices = np.concatenate([indices, np.resize(indices, pad)])
-        return indices
+    def __iter__(self):
+        raise NotImplementedError(f"{type(self).__name__} is a Sampler without __iter__")
+
+
+class SequentialSampler(Sampler):
+    """``0, 1, ..., len(data_source) - 1``."""
+
+    def __init__(self, data_source):
+        self.data_source = data_source
 
     def indices(self):
-        """This rank's indices for the current epoch (an int64 array)."""
-        mine = self.global_indices()[self.rank:self.total_size:self.num_replicas]
-        return mine[self.start_index:].astype(np.int64)
+        return np.arange(len(self.data_source), dtype=np.int64)
+
+    def __iter__(self):
+        return iter(range(len(self.data_source)))
+
+    def __len__(self):
+        return len(self.data_source)
+
+
+class RandomSampler(Sampler):
+    """A random order of ``data_source``: a permutation per pass (with more
+    ``num_samples`` than samples: whole permutations, then part of one), or
+    ``num_samples`` uniform draws with ``replacement``."""
+
+    def __init__(self, data_source, replacement=False, num_samples=None, generator=None):
+        _check_bool(replacement, "replacement", TypeError)
+        self.data_source, self.replacement, self.generator = data_source, replacement, generator
+        self._num_samples = num_samples
+        if num_samples is not None:
+            _check_positive(num_samples, "num_samples")
+        self._seed, self._replay = None, None
+
+    @property
+    def num_samples(self):
+        return len(self.data_source) if self._num_samples is None else int(self._num_samples)
+
+    def indices(self):
+        """One pass's indices (an int64 array); each call draws a new pass,
+        except the first after ``load_state_dict``, which replays its pass."""
+        if self._replay is not None:
+            self._seed, self._replay = self._replay, None
+            rng = np.random.Generator(np.random.PCG64(self._seed))
+        else:
+            self._seed, rng = _pass_rng(self.generator)
+        n, count = len(self.data_source), self.num_samples
+        if self.replacement:
+            return rng.integers(0, n, count, dtype=np.int64)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        perms = [rng.permutation(n) for _ in range(count // n)]
+        return np.concatenate(perms + [rng.permutation(n)[:count % n]]).astype(np.int64)
 
     def __iter__(self):
         return iter(self.indices().tolist())
 
     def __len__(self):
-        return self.num_samples - self.start_index
+        return self.num_samples
 
     def state_dict(self):
-        """The position (``epoch``, ``start_index``) and what the order depends
-        on; JSON-serialisable and the same on every rank."""
-        return {"epoch": self.epoch, "start_index": self.start_index,
-                **{key: getattr(self, key) for key in _ORDER_KEYS}}
+        """The seed of the last pass drawn (None before the first)."""
+        return {"seed": self._seed}
 
     def load_state_dict(self, state):
-        """Continue at the position of ``state``. Raises ValueError, naming the
-        values, when the state comes from a sampler with another order
-        (dataset length, num_replicas, seed, shuffle or drop_last); keys absent
-        from an older state are not checked."""
-        differ = [f"{key} {state[key]!r} in the state, {getattr(self, key)!r} here"
-                  for key in _ORDER_KEYS if key in state and state[key] != getattr(self, key)]
-        if differ:
-            raise ValueError("cannot resume this DistributedSampler from a sampler with "
-                             f"another order: {'; '.join(differ)}")
-        self.set_epoch(state["epoch"])
-        self.set_start_index(state["start_index"])
+        """The next pass replays the pass of ``state`` (then new draws)."""
+        self._replay = None if state.get("seed") is None else int(state["seed"])
 
 
-def _describe(ds):
-    path = getattr(ds, "path", None)
-    if path is None:
-        return "the dataset"
-    return f"dataset {path} (key {getattr(ds, 'x_key', '?')!r})"
+class SubsetRandomSampler(Sampler):
+    """The elements of ``indices`` in a random order, a new one per pass."""
+
+    def __init__(self, indices, generator=None):
+        self.indices, self.generator = indices, generator
+
+    def __iter__(self):
+        order = _pass_rng(self.generator)[1].permutation(len(self.indices))
+        return iter([self.indices[i] for i in order.tolist()])
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler):
+    """``num_samples`` indices drawn with probabilities proportional to
+    ``weights`` (non-negative, not all zero); without ``replacement`` each
+    index at most once."""
+
+    def __init__(self, weights, num_samples, replacement=True, generator=None):
+        _check_positive(num_samples, "num_samples")
+        _check_bool(replacement, "replacement")
+        weights = np.asarray(getattr(weights, "array", weights), dtype=np.float64)
+        if weights.ndim != 1:
+            raise ValueError(f"weights should be a 1-d sequence, but got a "
+                             f"{weights.ndim}-d one of shape {weights.shape}")
+        if (weights < 0).any() or not np.isfinite(weights).all() or weights.sum() <= 0:
+            raise ValueError(f"weights must be finite, non-negative and not all zero, got "
+                             f"min {weights.min() if weights.size else None}, sum "
+                             f"{weights.sum()}")
+        if not replacement and num_samples > np.count_nonzero(weights):
+            raise ValueError(f"cannot draw {num_samples} samples without replacement from "
+                             f"{np.count_nonzero(weights)} non-zero weights")
+        self.weights, self.num_samples = weights, int(num_samples)
+        self.replacement, self.generator = replacement, generator
+
+    def indices(self):
+        rng = _pass_rng(self.generator)[1]
+        p = self.weights / self.weights.sum()
+        return rng.choice(len(p), self.num_samples, replace=self.replacement,
+                          p=p).astype(np.int64)
+
+    def __iter__(self):
+        return iter(self.indices().tolist())
+
+    def __len__(self):
+        return self.num_samples
+
+
+class BatchSampler(Sampler):
+    """Lists of ``batch_size`` consecutive indices of ``sampler``; the last
+    one shorter unless ``drop_last``."""
+
+    def __init__(self, sampler, batch_size, drop_last):
+        _check_positive(batch_size, "batch_size")
+        _check_bool(drop_last, "drop_last")
+        self.sampler, self.batch_size, self.drop_last = sampler, int(batch_size), drop_last
+
+    def __iter__(self):
+        batch = []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __len__(self):
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size
+        return -(-len(self.sampler) // self.batch_size)
+

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ...distributed import rank_label
+from .dataset import Dataset
 from .hdf5 import _h5py
 
 CORPUS = Path(__file__).with_name("corpus.txt")
@@ -82,7 +83,7 @@ def unigram_entropy(tokens, vocab_size=None):
     return float(-(p * np.log(p)).sum())
 
 
-class TokenDataset:
+class TokenDataset(Dataset):
     """Next-token windows over a 1-D token array: an HDF5 file's dataset
     ``key`` (read into memory once, by each process) or an array.
 

@@ -1,0 +1,85 @@
+"""Group and instance normalisation layers, PyTorch's arguments and state_dict keys.
+
+``GroupNorm``: ``weight`` (ones) and ``bias`` (zeros), (C,), when ``affine``.
+``InstanceNorm1d/2d``: ``affine=False`` and ``track_running_stats=False`` by
+default (PyTorch's); with running statistics they carry ``running_mean``,
+``running_var`` and ``num_batches_tracked`` as BatchNorm does. LayerNorm
+stays in ``nn/layers.py``.
+"""
+
+from .. import functional as F
+from . import init
+from .batchnorm import _NormBase
+from .layers import _empty, _move
+from .module import Module
+from .parameter import Parameter
+
+
+class GroupNorm(Module):
+    """Normalise (N, C, *) input over each of ``num_groups`` channel groups."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None,
+                 dtype=None):
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by "
+                             f"num_groups ({num_groups})")
+        self.num_groups, self.num_channels = num_groups, num_channels
+        self.eps, self.affine = eps, affine
+        self.weight = Parameter(_empty((num_channels,), dtype)) if affine else None
+        self.bias = Parameter(_empty((num_channels,), dtype)) if affine else None
+        self.reset_parameters()
+        _move(self, device)
+
+    def reset_parameters(self):
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, input):  # noqa: A002 - PyTorch's name
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class _InstanceNorm(_NormBase):
+    """Shared by InstanceNorm1d/2d (``_spatial_dims`` differs); unbatched
+    input (C, *) is taken as a batch of one."""
+
+    _spatial_dims = 0
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False,
+                 track_running_stats=False, device=None, dtype=None):
+        # PyTorch's defaults differ from BatchNorm's: no affine, no running stats
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device, dtype)
+
+    def forward(self, input):  # noqa: A002 - PyTorch's name
+        name, dims = type(self).__name__, self._spatial_dims
+        if input.ndim not in (dims + 1, dims + 2):
+            raise ValueError(f"{name}: expected {dims + 1}D or {dims + 2}D input (got "
+                             f"{input.ndim}D input)")
+        batched = input.ndim == dims + 2
+        x = input if batched else input.unsqueeze(0)
+        if (self.affine or self.track_running_stats) and x.shape[1] != self.num_features:
+            raise ValueError(f"{name}: expected input's size at dim={1 if batched else 0} to "
+                             f"match num_features ({self.num_features}), but got: "
+                             f"{x.shape[1]}.")
+        # as PyTorch: num_batches_tracked stays 0 and momentum=None moves nothing
+        momentum = 0.0 if self.momentum is None else self.momentum
+        out = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                              self.training or not self.track_running_stats, momentum, self.eps)
+        return out if batched else out.squeeze(0)
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """(N, C, L) or (C, L) input."""
+
+    _spatial_dims = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """(N, C, H, W) or (C, H, W) input."""
+
+    _spatial_dims = 2

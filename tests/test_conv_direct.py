@@ -1,0 +1,106 @@
+"""The direct stride-1 convolution kernels (kernels/conv_direct.py) against
+the nested-loop definition and float64 finite differences, and against the
+GEMM path (``SPMDNET_KERNELS=xp``) in float32, on the shapes dispatch sends
+them (few input channels per group: paddings, dilations, groups, depthwise,
+odd and even kernels); the shape policy itself."""
+import numpy as np
+import pytest
+
+import spmdnet as sn
+import spmdnet.nn.functional as F
+from spmdnet.autograd import gradcheck
+from spmdnet.kernels import dispatch
+from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
+from tests.test_conv import conv2d_loops
+
+CASES = [  # (x shape, w shape, padding, dilation, groups, loop pads)
+    ((2, 3, 9, 8), (4, 3, 5, 5), 0, 1, 1, ((0, 0), (0, 0))),                # CIFAR conv1
+    ((1, 3, 11, 10), (2, 3, 5, 5), (2, 1), (2, 1), 1, ((2, 2), (1, 1))),    # dilation
+    ((2, 2, 9, 13), (3, 2, 5, 5), 1, (1, 2), 1, ((1, 1), (1, 1))),          # along rows
+    ((2, 6, 8, 9), (4, 3, 5, 5), "same", 1, 2, ((2, 2), (2, 2))),           # groups
+    ((2, 4, 7, 6), (8, 1, 3, 3), 1, 2, 4, ((1, 1), (1, 1))),                # depthwise x2
+    ((1, 1, 6, 7), (2, 1, 2, 4), "same", 1, 1, ((0, 1), (1, 2))),           # even kernel
+    ((3, 1, 5, 7), (2, 1, 3, 3), (1, 0), (1, 2), 1, ((1, 1), (0, 0))),      # one channel
+    ((1, 1, 4, 4), (3, 1, 1, 1), 0, 1, 1, ((0, 0), (0, 0))),                # 1x1
+]
+
+
+@pytest.fixture
+def direct_calls(monkeypatch):
+    """How many times conv2d ran the direct forward and weight-gradient kernels."""
+    calls = {"direct_forward": 0, "direct_weight_grad": 0}
+    row = dispatch.TABLE["conv2d"].kernels
+    for step in calls:
+        kernel = row[step]
+
+        def counted(*args, _kernel=kernel, _step=step):
+            calls[_step] += 1
+            return _kernel(*args)
+        monkeypatch.setitem(row, step, counted)
+    return calls
+
+
+@pytest.mark.parametrize("xs,ws,padding,dilation,groups,pads", CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_direct_matches_loops_and_finite_differences(float64, direct_calls, xs, ws, padding,
+                                                     dilation, groups, pads, bias):
+    assert dispatch.conv_direct_takes(ws, (1, 1))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    b = rng.standard_normal(ws[0]) if bias else None
+    pair = (lambda v: (v, v) if isinstance(v, int) else v)
+    want = conv2d_loops(x, w, b, (1, 1), pads, pair(dilation), groups)
+    with sn.kernels.use("numba"):
+        got = F.conv2d(sn.tensor(x), sn.tensor(w), None if b is None else sn.tensor(b), 1,
+                       padding, dilation, groups)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+        args = (x, w, b) if bias else (x, w)
+        assert gradcheck(lambda x, w, b=None: F.conv2d(x, w, b, 1, padding, dilation, groups),
+                         *args)
+    assert direct_calls["direct_forward"] > 0 and direct_calls["direct_weight_grad"] > 0
+
+
+@pytest.mark.parametrize("xs,ws,padding,dilation,groups,pads", CASES)
+def test_direct_float32_equals_gemm_path(direct_calls, xs, ws, padding, dilation, groups,
+                                         pads):
+    rng = np.random.default_rng(1)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws, ws[:1]))
+    g = None
+    results = []
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode):
+            ts = [sn.tensor(a, requires_grad=True) for a in (x, w, b)]
+            out = F.conv2d(*ts, 1, padding, dilation, groups)
+            if g is None:
+                g = rng.standard_normal(out.shape).astype(np.float32)
+            (out * sn.tensor(g)).sum().backward()
+            assert out.dtype == np.float32 and ts[1].grad.dtype == np.float32
+            results.append([out.numpy()] + [t.grad.numpy() for t in ts])
+        if mode == "numba":  # the direct path ran, then the GEMM path alone
+            assert direct_calls["direct_forward"] == 1
+            assert direct_calls["direct_weight_grad"] == 1
+    assert direct_calls["direct_forward"] == 1
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_direct_not_taken_elsewhere(direct_calls):
+    """Stride 2, 6 channels at 5x5 and 3 channels at 3x3 measured slower: GEMM."""
+    assert not dispatch.conv_direct_takes((4, 3, 5, 5), (2, 1))
+    assert not dispatch.conv_direct_takes((16, 6, 5, 5), (1, 1))
+    assert not dispatch.conv_direct_takes((16, 3, 3, 3), (1, 1))
+    x = sn.tensor(np.ones((1, 3, 9, 9), np.float32), requires_grad=True)
+    F.conv2d(x, sn.ones(2, 3, 5, 5), stride=2).sum().backward()
+    F.conv2d(x, sn.ones(2, 3, 3, 3), padding=1).sum().backward()
+    assert direct_calls == {"direct_forward": 0, "direct_weight_grad": 0}
+    with sn.kernels.use("numba"):  # the row's first kernel runs on the direct shape
+        F.conv2d(x, sn.ones(2, 3, 5, 5)).sum().backward()  # no weight gradient asked
+        assert direct_calls == {"direct_forward": 1, "direct_weight_grad": 0}
+        F.conv2d(x, sn.ones(2, 3, 5, 5, requires_grad=True)).sum().backward()
+    assert direct_calls == {"direct_forward": 2, "direct_weight_grad": 1}
+
+
+@pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")
+def test_direct_kernels_as_plain_python():
+    """The kernel bodies as plain Python give the GEMM path's numbers too."""
+    run_plain_python_subprocess(__file__, "float32_equals_gemm")
