@@ -133,15 +133,18 @@ def test_sigterm_to_the_parent_stops_the_ranks_with_code_3(script, tmp_path):
 
 def test_spmdnet_run_starts_the_script_with_torchrun_variables(tmp_path):
     path = tmp_path / "show.py"
+    # each rank writes its own file: two ranks printing to one pipe may interleave
     path.write_text("import os, sys\nimport spmdnet.distributed as dist\n"
                     "dist.init_process_group('nccl')\n"
-                    "print('R', dist.get_rank(), os.environ['RANK'], os.environ['LOCAL_RANK'],"
-                    " os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'], sys.argv[1:])\n")
+                    "line = ' '.join(map(str, ['R', dist.get_rank(), os.environ['RANK'],"
+                    " os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'],"
+                    " os.environ['LOCAL_WORLD_SIZE'], sys.argv[1:]]))\n"
+                    f"open(r'{tmp_path}/rank' + os.environ['RANK'], 'w').write(line)\n")
     done = subprocess.run([sys.executable, "-m", "spmdnet.run", "--nproc_per_node", "2",
                            "--standalone", str(path), "a", "--b", "3"], capture_output=True,
                           text=True, timeout=120, env=launch.job_env())
     assert done.returncode == 0, done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("R "))
+    lines = sorted((tmp_path / f"rank{r}").read_text() for r in (0, 1))
     assert lines == ["R 0 0 0 2 2 ['a', '--b', '3']", "R 1 1 1 2 2 ['a', '--b', '3']"]
 
 
