@@ -9,7 +9,8 @@ import argparse
 
 import spmdnet as sn
 import spmdnet.functional as F
-from spmdnet import cli, data, dist, nn, optim, parallel
+from spmdnet import cli, data, dist, nn, optim
+from spmdnet.nn.parallel import DistributedDataParallel as DDP
 
 
 def main(argv=None):
@@ -21,10 +22,10 @@ def main(argv=None):
     p.add_argument("--min-accuracy", type=cli.probability, default=0.9)
     args = p.parse_args(argv)
 
-    dist.init()                                   # MPI world; one rank's exception aborts all
+    dist.init_process_group()                     # on MPI; one rank's exception aborts all
     sn.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    ddp = parallel.DataParallel(model)            # broadcasts rank 0's weights, checks the model
+    ddp = DDP(model)                              # broadcasts rank 0's weights, checks the model
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     train, test = data.datasets.make_digits(args.data_dir)  # HDF5 files, written by rank 0
@@ -34,7 +35,7 @@ def main(argv=None):
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)                  # a new shuffle every epoch
         for x, y in data.progress(loader, f"epoch {epoch}"):  # prefetched; a bar in a tty
-            loss = F.cross_entropy(ddp(sn.Tensor(x)), y)
+            loss = F.cross_entropy(ddp(x), y)     # x, y: Tensors, as PyTorch's loader gives
             opt.zero_grad()
             loss.backward()                       # gradients averaged over ranks, overlapped
             opt.step()
