@@ -265,17 +265,25 @@ def conv_pads(padding, kernel_hw, stride, dilation, name="conv2d"):
     return (ph, ph), (pw, pw)
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
-    """PyTorch's ``F.conv2d``: input (N, C, H, W) or (C, H, W), weight
-    (O, C/groups, kh, kw), bias (O,); padding an int, a pair, 'valid' or
-    'same'."""
+def batched(input, weight, name):  # noqa: A002
+    """(input as a 4-D Tensor, whether it came unbatched): PyTorch's 2-D
+    convolutions take (C, H, W) as one sample; anything else but 4-D, or a
+    weight that is not 4-D, is a RuntimeError naming both shapes."""
     x = as_tensor_like(input, weight)
     unbatched = x.ndim == 3
     if unbatched:
         x = x.unsqueeze(0)
     if x.ndim != 4 or weight.ndim != 4:
-        raise RuntimeError(f"conv2d: expected a 3-D or 4-D input and a 4-D weight, got input "
+        raise RuntimeError(f"{name}: expected a 3-D or 4-D input and a 4-D weight, got input "
                            f"{tuple(input.shape)} and weight {tuple(weight.shape)}")
+    return x, unbatched
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
+    """PyTorch's ``F.conv2d``: input (N, C, H, W) or (C, H, W), weight
+    (O, C/groups, kh, kw), bias (O,); padding an int, a pair, 'valid' or
+    'same'."""
+    x, unbatched = batched(input, weight, "conv2d")
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
     if min(stride) < 1 or min(dilation) < 1 or groups < 1:
         raise RuntimeError(f"conv2d: stride {stride}, dilation {dilation} and groups "

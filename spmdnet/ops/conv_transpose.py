@@ -13,7 +13,7 @@ convolution's (out, in/groups, kh, kw) read the other way round.
 from .. import kernels
 from ..autograd import Function
 from .arith import as_tensor_like
-from .conv import (_pair, _single, by_channel, columns, columns_grad, columns_product,
+from .conv import (_pair, _single, batched, by_channel, columns, columns_grad, columns_product,
                    weight_grad)
 
 
@@ -61,13 +61,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0,  # noqa: A00
                      output_padding=0, groups=1, dilation=1):
     """PyTorch's ``F.conv_transpose2d``: input (N, C_in, H, W) or (C_in, H,
     W), weight (C_in, C_out/groups, kh, kw), bias (C_out,)."""
-    x = as_tensor_like(input, weight)
-    unbatched = x.ndim == 3
-    if unbatched:
-        x = x.unsqueeze(0)
-    if x.ndim != 4 or weight.ndim != 4:
-        raise RuntimeError(f"conv_transpose2d: expected a 3-D or 4-D input and a 4-D weight, "
-                           f"got input {tuple(input.shape)} and weight {tuple(weight.shape)}")
+    x, unbatched = batched(input, weight, "conv_transpose2d")
     if isinstance(padding, str):
         raise RuntimeError(f"conv_transpose2d: padding must be an int or a pair, got "
                            f"{padding!r} (PyTorch has no string padding here)")
