@@ -40,6 +40,7 @@ import numpy as np
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import nn
+from spmdnet.kernels import dispatch
 from spmdnet.launch import rerun_with_threads, thread_sweep
 
 from mlp_step import build_ours, median_times  # benchmarks/ is on the path of a script run
@@ -227,12 +228,22 @@ def layer_times(shape, steps, rng):
     return fwd_s, max(both_s - fwd_s, 1e-9), flops
 
 
+def conv_path(shape):
+    """Which of ops.conv's paths a shape takes: winograd, direct or gemm
+    (columns), as kernels.dispatch decides it."""
+    _, _, _, c, o, _, k, stride, _, _ = shape
+    weight_shape = (o, c, k, k)
+    if dispatch.winograd_takes(weight_shape, (stride, stride), (1, 1), 1):
+        return "winograd"
+    return "direct" if dispatch.conv_direct_takes(weight_shape, (stride, stride)) else "gemm"
+
+
 def layers_child(steps):
     peak = peak_flops()
     rng = np.random.default_rng(0)
     print(f"per convolution shape, 1 thread, median of {steps}; floor = FLOPs at the "
           f"measured peak {peak / 1e9:.0f} GFLOP/s")
-    print(f"{'shape':22s} {'count':>5} {'fwd_ms':>8} {'GF/s':>6} {'x floor':>7} "
+    print(f"{'shape':22s} {'path':>8} {'count':>5} {'fwd_ms':>8} {'GF/s':>6} {'x floor':>7} "
           f"{'bwd_ms':>8} {'GF/s':>6} {'x floor':>7}")
     totals = np.zeros(3)
     for shape in LAYER_SHAPES:
@@ -241,7 +252,8 @@ def layers_child(steps):
         count = shape[1]
         if shape[0].startswith("resnet"):
             totals += count * np.array([fwd, bwd, (flops + bwd_flops) / peak])
-        print(f"{shape[0]:22s} {count:5d} {fwd * 1e3:8.2f} {flops / fwd / 1e9:6.1f} "
+        print(f"{shape[0]:22s} {conv_path(shape):>8} {count:5d} {fwd * 1e3:8.2f} "
+              f"{flops / fwd / 1e9:6.1f} "
               f"{fwd * peak / flops:7.2f} {bwd * 1e3:8.2f} {bwd_flops / bwd / 1e9:6.1f} "
               f"{bwd * peak / bwd_flops:7.2f}", flush=True)
     print(f"ResNet-18's convolutions in a step: forward {totals[0] * 1e3:.1f} ms, backward "

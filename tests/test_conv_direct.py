@@ -22,6 +22,9 @@ CASES = [  # (x shape, w shape, padding, dilation, groups, loop pads)
     ((1, 1, 6, 7), (2, 1, 2, 4), "same", 1, 1, ((0, 1), (1, 2))),           # even kernel
     ((3, 1, 5, 7), (2, 1, 3, 3), (1, 0), (1, 2), 1, ((1, 1), (0, 0))),      # one channel
     ((1, 1, 4, 4), (3, 1, 1, 1), 0, 1, 1, ((0, 0), (0, 0))),                # 1x1
+    ((2, 6, 9, 8), (5, 6, 5, 5), 0, 1, 1, ((0, 0), (0, 0))),                # CIFAR conv2
+    ((2, 3, 8, 7), (3, 3, 3, 3), 1, 1, 1, ((1, 1), (1, 1))),                # ResNet stem
+    ((1, 4, 7, 9), (6, 2, 3, 4), 1, 1, 2, ((1, 1), (1, 1))),                # odd per group
 ]
 
 
@@ -84,14 +87,43 @@ def test_direct_float32_equals_gemm_path(direct_calls, xs, ws, padding, dilation
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("ws,groups", [((4, 3, 5, 5), 1), ((6, 2, 3, 3), 2)])
+def test_direct_weight_grad_with_inf_and_nan_matches_gemm_path(direct_calls, ws, groups):
+    """An inf in an input column that the widened rows' zero columns reach,
+    and a NaN: the same inf, NaN and finite entries as the GEMM path (the
+    kernel's row-by-row dot products; widened rows would give 0·inf = NaN)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, ws[1] * groups, 9, 8)).astype(np.float32)
+    x[0, 1, 4, 7] = np.inf
+    x[1, 0, 0, 0] = np.nan
+    w = rng.standard_normal(ws).astype(np.float32)
+    results = []
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode), np.errstate(invalid="ignore"):  # inf - inf in sums
+            wt = sn.tensor(w, requires_grad=True)
+            F.conv2d(sn.tensor(x), wt, groups=groups).sum().backward()
+            results.append(wt.grad.numpy())
+    got, want = results
+    assert direct_calls["direct_weight_grad"] == 1
+    assert np.isnan(want).any() and np.isinf(want).any() and np.isfinite(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=2e-5, atol=2e-5)
+
+
 def test_direct_not_taken_elsewhere(direct_calls):
-    """Stride 2, 6 channels at 5x5 and 3 channels at 3x3 measured slower: GEMM."""
+    """The GEMM path for strides, more than 6 channels per group, and fewer
+    than 9 taps on several channels (the measured shapes: CIFAR's conv1 and
+    conv2, ResNet's 3x3 stem)."""
+    assert dispatch.conv_direct_takes((16, 6, 5, 5), (1, 1))
+    assert dispatch.conv_direct_takes((16, 3, 3, 3), (1, 1))
     assert not dispatch.conv_direct_takes((4, 3, 5, 5), (2, 1))
-    assert not dispatch.conv_direct_takes((16, 6, 5, 5), (1, 1))
-    assert not dispatch.conv_direct_takes((16, 3, 3, 3), (1, 1))
+    assert not dispatch.conv_direct_takes((16, 7, 3, 3), (1, 1))
+    assert not dispatch.conv_direct_takes((16, 3, 2, 2), (1, 1))
     x = sn.tensor(np.ones((1, 3, 9, 9), np.float32), requires_grad=True)
     F.conv2d(x, sn.ones(2, 3, 5, 5), stride=2).sum().backward()
-    F.conv2d(x, sn.ones(2, 3, 3, 3), padding=1).sum().backward()
+    F.conv2d(x, sn.ones(2, 3, 2, 2), padding=1).sum().backward()
     assert direct_calls == {"direct_forward": 0, "direct_weight_grad": 0}
     with sn.kernels.use("numba"):  # the row's first kernel runs on the direct shape
         F.conv2d(x, sn.ones(2, 3, 5, 5)).sum().backward()  # no weight gradient asked

@@ -269,7 +269,12 @@ def _every_row(dtype):
     attention = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     image = t(2, 1, 6, 6)
     pooled = F.max_pool2d(F.conv2d(image, t(2, 1, 3, 3), padding=1), 2)
+    channels = dispatch.WINOGRAD_MIN_CHANNELS
+    wide = F.conv2d(t(1, channels, 4, 4), t(channels, channels, 3, 3), padding=1)
     total = F.cross_entropy(h, np.array([0, 1, 2, 3, 0, 1])) + attention.sum() + pooled.sum()
+    normed = F.batch_norm(wide, sn.zeros(channels, dtype=dtype), sn.ones(channels, dtype=dtype),
+                          t(channels), t(channels), training=True)
+    total = total + wide.sum() + (normed * normed).sum()
     total.backward()
     params = [x, w, b, emb]
     for opt in (optim.SGD(params, lr=0.1, momentum=0.9), optim.Adam(params)):

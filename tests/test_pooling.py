@@ -156,11 +156,18 @@ def test_pooling_modules_and_errors():
 
 
 # -- the kernel against the xp code -------------------------------------------------------
-@pytest.mark.parametrize("k,s,p,d,ceil_mode,shape", CASES[1:4])
+# CASES[0] and the odd-sized 2x2 case take the kernel's 2x2 stride-2 loop (its
+# last row and column dropped), ceil_mode's overhanging 2x2 windows the general one
+KERNEL_CASES = CASES[:4] + [((2, 2), (2, 2), (0, 0), (1, 1), False, (2, 3, 7, 9)),
+                            ((2, 2), (2, 2), (0, 0), (1, 1), True, (1, 2, 7, 5))]
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil_mode,shape", KERNEL_CASES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_max_pool_kernel_matches_xp(k, s, p, d, ceil_mode, shape, dtype):
     x = np.random.default_rng(3).standard_normal(shape).astype(dtype)
     x[0, 0, 1, :] = x[0, 0, 0, 0]  # ties
+    x[0, -1, 2:4, 0:4] = 1.5  # ties between a window's rows
     x[-1, -1, 2, 2] = np.nan
     out = tuple(pool_out_size(sz, k[i], s[i], p[i], d[i], ceil_mode)
                 for i, sz in enumerate(shape[2:]))
@@ -169,6 +176,28 @@ def test_max_pool_kernel_matches_xp(k, s, p, d, ceil_mode, shape, dtype):
         want, want_idx = F.max_pool2d(sn.tensor(x), k, s, p, d, ceil_mode, True)
     np.testing.assert_array_equal(values, want.numpy())
     np.testing.assert_array_equal(idx, want_idx.numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_kernel_2x2_nan_is_the_maximum(dtype):
+    """A NaN anywhere in a 2x2 window is its maximum, the first NaN of two
+    (PyTorch's rule; the kernel's NaN-free loop must not take these planes)."""
+    x = np.array([[1.0, 9.0, 1.0, 9.0, 1.0, 1.0, 1.0, 9.0],
+                  [0.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0],
+                  [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                  [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], dtype)
+    nan = np.nan
+    x[0, 1], x[1, 2], x[1, 5], x[1, 6], x[1, 7] = nan, nan, nan, nan, nan
+    x[2, 0] = 7.0
+    values, idx = pool_kernels.max_pool_forward(x[None, None], (2, 2), (2, 2), (0, 0),
+                                                (1, 1), (2, 4))
+    np.testing.assert_array_equal(idx[0, 0], [[1, 10, 13, 14], [16, 18, 20, 22]])
+    np.testing.assert_array_equal(values[0, 0], [[nan, nan, nan, nan], [7, 0, 0, 0]])
+    clean = np.ones((1, 2, 4, 8), dtype)  # the plane without NaN keeps the fast loop
+    clean[0, 1] = x
+    values, idx = pool_kernels.max_pool_forward(clean, (2, 2), (2, 2), (0, 0), (1, 1), (2, 4))
+    np.testing.assert_array_equal(idx[0, 0], [[0, 2, 4, 6], [16, 18, 20, 22]])
+    np.testing.assert_array_equal(idx[0, 1], [[1, 10, 13, 14], [16, 18, 20, 22]])
 
 
 @pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")

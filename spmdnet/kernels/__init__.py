@@ -6,6 +6,8 @@ module         kernels                                 used by (the xp reference
 activation     bias + activation, forward/backward     ops.linalg.LinearAct, ops.unary
 loss           softmax cross-entropy, fwd/bwd          ops.losses.CrossEntropy
 norm           layer norm, forward/backward            ops.nn_ops.LayerNorm
+batch_norm     batch statistics, normalise (running    ops.batchnorm.BatchNorm,
+               stats too), gradient sums, input grad   BatchNormEval (via norm)
 softmax        softmax fwd/bwd, log-sum-exp            ops.nn_ops.Softmax, ops.attention
 embedding      embedding backward (row scatter-add)    ops.nn_ops.Embedding
 attention      dropout factors (Philox per element)    ops.attention's dropout
@@ -19,6 +21,8 @@ conv           col2im                                  ops.conv.Conv2d,
 conv_direct    direct stride-1 forward and weight      ops.conv.Conv2d on few input
                gradient (no columns)                   channels (dispatch.conv_direct_takes)
 pool           max pooling with argmax                 ops.pooling.MaxPool2d
+winograd       F(2x2, 3x3) transforms; forward and     ops.conv.Conv2d, stride-1 3x3 on
+               backward with the GEMMs                 many channels (dispatch.winograd_takes)
 =============  ======================================  ===================================
 
 The one seam between ops and kernels is ``lookup(op, *arrays, step=...)``:
@@ -45,7 +49,7 @@ import numpy as np
 
 from .._tensor import get_default_dtype
 from . import _cache, activation, attention, compile_order, conv, conv_direct, embedding
-from . import loss, norm, optim_kernels, pool, softmax
+from . import loss, norm, optim_kernels, pool, softmax, winograd
 from ._cache import cache_dir
 from ._numba import compile_seconds
 from .dispatch import TABLE, enabled, lookup, mode, use
@@ -55,7 +59,7 @@ __all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compil
            "cache_dir", "compile_in_order"]
 
 _MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels, conv,
-            conv_direct, pool)
+            conv_direct, pool, winograd)
 
 
 def compile_in_order(compile_fn, comm=None):

@@ -44,8 +44,12 @@ prange = numba.prange if numba is not None else range
 OPTIONS = {"parallel": False, "fastmath": False, "error_model": "numpy", "nogil": True}
 
 
-def njit(fn, cache=False):
+def njit(fn, cache=False, fastmath=None):
     """``fn`` compiled for the CPU with ``OPTIONS``, single-threaded.
+    ``fastmath``: a set of LLVM fast-math flags for this kernel alone (e.g.
+    ``{"reassoc", "contract"}`` lets LLVM vectorise a float sum by splitting
+    it into lanes: its rounding then differs from the in-order sum, so only
+    kernels whose docstring says so take it).
 
     Measured on benchmarks/mlp_step.py at 2 BLAS threads: parallel=True made
     the step 1.2x (workqueue layer) to 4x (omp layer) slower, because Numba's
@@ -53,7 +57,10 @@ def njit(fn, cache=False):
     memory-bound loops gain little from a second thread (a second Python
     thread running nogil kernels did no better). ``prange`` in the bodies
     marks loops that are safe to parallelise later."""
-    return numba.njit(cache=cache, **OPTIONS)(fn)
+    options = dict(OPTIONS)
+    if fastmath:
+        options["fastmath"] = set(fastmath)
+    return numba.njit(cache=cache, **options)(fn)
 
 
 def njit_inline(fn):

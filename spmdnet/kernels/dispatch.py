@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from .. import config
 from . import activation, attention, conv, conv_direct, embedding, loss, norm, optim_kernels
-from . import pool
+from . import pool, winograd
 from . import softmax
 from ._numba import available
 from ._target import array_target
@@ -95,6 +95,12 @@ TABLE = {
                      "forward_lse": softmax.forward_lse, "from_lse": softmax.from_lse},
                     _has_last_axis),
     "layer_norm": Rule({"forward": norm.forward, "backward": norm.backward}, _has_last_axis),
+    # ResNet-18's BatchNorm2d shapes (b32, 16x32x32 to 128x4x4), 1 thread, training
+    # forward + backward: 1.8-2.8x faster than the xp code (13 against 34 ms of a step);
+    # (N, C) input (runs of 1 value) 1-2x slower: xp there (norm.batch_takes)
+    "batch_norm": Rule({"moments": norm.batch_moments, "forward": norm.batch_normalize,
+                        "sums": norm.batch_grad_sums, "backward": norm.batch_input_grad},
+                       norm.batch_takes),
     "embedding": Rule({"backward": embedding.backward}),
     # row-at-a-time attention kernels (no BLAS) measured 1.2x (T=64) to 11x
     # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py):
@@ -103,29 +109,39 @@ TABLE = {
     "attention_dropout": Rule({"forward": attention.dropout_factors}),
     # benchmarks/cnn_step.py shapes, 1 thread: col2im of (C, kh, kw, N, Ho, Wo) columns,
     # one plane at a time, 3.5 against 7.3-8.5 ms on ResNet's 16-channel layer (the
-    # input gradient of Conv2d and the forward of ConvTranspose2d); max pooling 1.5
+    # input gradient of Conv2d and the forward of ConvTranspose2d); max pooling 0.2-0.3
     # against 4.1 ms (pool1). An im2col kernel (2-4x slower
     # than NumPy's copy of the strided view there) was removed: the op copies the view.
     # Direct stride-1 kernels (kernels/conv_direct.py, no columns) on few input
     # channels per group, where conv_direct_takes says so (1 thread, CPU time):
     # CIFAR conv1 (3->6 5x5, b64) forward 1.2-1.3 against 4.8-5.5 ms (columns +
-    # GEMM), weight gradient 3.1-3.3 against 3.1-3.3 ms (GEMM on saved columns);
-    # depthwise 3x3 (32 channels, 16x16, b32) 0.42 + 0.58 against 2.50 + 0.34 ms.
+    # GEMM), weight gradient 1.1-1.3 ms; depthwise 3x3 (32 channels, 16x16, b32)
+    # 0.38 + 0.42-0.47 against 2.50 + 0.34 ms. Winograd (kernels/winograd.py,
+    # winograd_takes): ResNet-18's stride-1 3x3 layers forward + backward, 16
+    # channels at 32x32 b32, 12.9 against 21 ms; 32 at 16x16 9.2 against 14.5; 64 at
+    # 8x8 6.6 against 10.3 (CPU time, interleaved, loaded machine).
     "conv2d": Rule({"col2im": conv.col2im, "direct_forward": conv_direct.forward,
-                    "direct_weight_grad": conv_direct.weight_grad}),
+                    "direct_weight_grad": conv_direct.weight_grad,
+                    "winograd_forward": winograd.forward,
+                    "winograd_backward": winograd.backward}),
     "max_pool2d": Rule({"forward": pool.max_pool_forward}),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
     "adam": Rule({"update": optim_kernels.adam_update}, _contiguous),
 }
 
-# The direct convolution's shapes (1 thread, CPU time, forward + weight
-# gradient against columns + GEMM): stride 1 and one input channel per group
-# (depthwise, single-channel images: the GEMM's K is kh·kw), or up to this many
-# with at least this many taps (the CIFAR Net's conv1). Measured slower: its
-# conv2 (6 channels, 5x5), the ResNet stem (3 channels, 3x3: the direct weight
-# gradient 3x the GEMM's), 16-channel 3x3 layers.
-CONV_DIRECT_MAX_CHANNELS = 3
-CONV_DIRECT_MIN_TAPS = 25
+# The direct convolution's shapes: stride 1 and one input channel per group
+# (depthwise, single-channel images: the GEMM's K is kh·kw), or up to this
+# many channels with at least this many taps. Measured with the two-channel,
+# reassociated kernels (1 thread, F.conv2d forward + backward, direct and
+# GEMM paths interleaved in one process, 4 runs on a shared machine): CIFAR
+# conv1 (3->6 5x5, b64) 3.2-4.2 against 10.2-17.0 ms; its conv2 (6->16 5x5 on
+# 14x14, the input gradient on the GEMM path either way) 3.8-5.9 against
+# 4.1-6.3 ms, faster in every run by 0.1-0.8 ms; the ResNet stem (3->16 3x3
+# pad 1, b32) 2.1-3.7 against 3.5-5.4 ms; 4->8 3x3 (32x32, b32) 2.8-3.9
+# against 3.6-4.5 ms; 6->16 3x3 (14x14, b64) even, 2.7-4.2 against 3.0-4.1 ms
+# (the bound). 16-channel 3x3 layers take Winograd (winograd_takes) first.
+CONV_DIRECT_MAX_CHANNELS = 6
+CONV_DIRECT_MIN_TAPS = 9
 
 
 def conv_direct_takes(weight_shape, stride):
@@ -136,6 +152,20 @@ def conv_direct_takes(weight_shape, stride):
         return False
     return channels == 1 or (channels <= CONV_DIRECT_MAX_CHANNELS
                              and kh * kw >= CONV_DIRECT_MIN_TAPS)
+
+
+# Winograd F(2x2, 3x3) (kernels/winograd.py) for stride-1, undilated, ungrouped
+# 3x3 convolutions with at least this many input and output channels (the
+# GEMMs' inner size): ResNet's 3x3 layers. Fewer channels leave the 16 GEMMs
+# too thin for BLAS, and the stems to the columns or the direct kernel.
+WINOGRAD_MIN_CHANNELS = 16
+
+
+def winograd_takes(weight_shape, stride, dilation, groups):
+    """True when conv2d should run Winograd for this weight (O, C/G, kh, kw)."""
+    out_channels, channels, kh, kw = weight_shape
+    return ((kh, kw) == (3, 3) and tuple(stride) == (1, 1) and tuple(dilation) == (1, 1)
+            and groups == 1 and min(out_channels, channels) >= WINOGRAD_MIN_CHANNELS)
 
 
 _mode = []  # [mode] once SPMDNET_KERNELS has been read

@@ -1,10 +1,16 @@
-"""Layer normalisation over the last axis, forward and backward, one pass
-over each row (plus reductions that stay in the L1 cache).
+"""Layer normalisation over the last axis, and batch normalisation over
+every axis but the channel axis 1, forward and backward.
+
+Layer norm: one pass over each row (plus reductions that stay in the L1
+cache).
 
 Forward saves the row means and reciprocal standard deviations (N,), not
 the normalised input (N, D); backward recomputes it from the input. The
 weight and bias gradients accumulate row by row (deterministic). The
 plain-xp reference is ``spmdnet.ops.nn_ops.LayerNorm``.
+
+Batch norm's kernels live in ``batch_norm`` and are re-exported here (the
+dispatch TABLE's "batch_norm" row names them as ``norm.*``).
 """
 import math
 
@@ -12,9 +18,16 @@ import numpy as np
 
 from ..backend import xp_of
 from . import reduce
+from .batch_norm import (batch_grad_sums, batch_input_grad, batch_moments, batch_normalize,
+                         batch_takes)
+from .batch_norm import warmup as _batch_norm_warmup
 from ._cpu import CpuKernel
 from ._numba import njit_inline, prange
 from ._target import check_target
+
+__all__ = ["forward", "backward", "warmup", "batch_moments", "batch_normalize",
+           "batch_grad_sums", "batch_input_grad", "batch_takes"]
+
 
 def _forward(x, weight, bias, out, mean, rstd, c):
     """out = (x - mean) * rstd * weight + bias per row (weight/bias may be
@@ -147,8 +160,9 @@ def backward(g, x, weight, mean, rstd, want_weight=True, want_bias=True, weight_
 
 
 def warmup(dtype):
-    """Compile the CPU kernels for ``dtype`` (affine and not)."""
+    """Compile the CPU kernels for ``dtype`` (layer norm affine and not; batch norm)."""
     x, w = np.ones((2, 3), dtype), np.ones(3, dtype)
     for weight in (w, None):
         out, mean, rstd = forward(x, weight, None if weight is None else w)
         backward(out, x, weight, mean, rstd)
+    _batch_norm_warmup(dtype)

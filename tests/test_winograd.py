@@ -1,0 +1,166 @@
+"""Winograd F(2x2, 3x3) (kernels/winograd.py) against the nested-loop
+definition and float64 finite differences, against the columns' GEMM path
+(``SPMDNET_KERNELS=xp``) in float32, over odd and even sizes, asymmetric
+and 'same' paddings, bias or none, one block of images or several with a
+short last one; the shape policy (``dispatch.winograd_takes``)."""
+import numpy as np
+import pytest
+
+import spmdnet as sn
+import spmdnet.nn.functional as F
+from spmdnet.autograd import gradcheck
+from spmdnet.kernels import dispatch, winograd
+from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
+from tests.test_conv import conv2d_loops
+
+CASES = [  # (x shape, out channels, padding, loop pads)
+    ((2, 3, 6, 6), 4, 1, ((1, 1), (1, 1))),            # even output: whole tiles
+    ((3, 2, 5, 7), 3, 1, ((1, 1), (1, 1))),            # odd output rows and columns
+    ((1, 4, 7, 5), 2, 0, ((0, 0), (0, 0))),            # no padding
+    ((2, 2, 4, 9), 3, (2, 0), ((2, 2), (0, 0))),       # uneven padding
+    ((2, 3, 5, 6), 2, "same", ((1, 1), (1, 1))),       # 'same'
+    ((1, 2, 3, 3), 1, 1, ((1, 1), (1, 1))),            # one tile
+    ((5, 2, 4, 4), 3, 1, ((1, 1), (1, 1))),            # several blocks (BLOCK_TILES 8)
+    ((2, 2, 1, 3), 2, 1, ((1, 1), (1, 1))),            # one input row
+]
+
+
+@pytest.fixture
+def winograd_everywhere(monkeypatch):
+    """Winograd on every channel count, blocks of 8 tiles (several per
+    batch, the last one short), and how many times each step ran."""
+    monkeypatch.setattr(dispatch, "WINOGRAD_MIN_CHANNELS", 1)
+    monkeypatch.setattr(winograd, "BLOCK_TILES", 8)
+    calls = {"winograd_forward": 0, "winograd_backward": 0}
+    row = dispatch.TABLE["conv2d"].kernels
+    for step in calls:
+        kernel = row[step]
+
+        def counted(*args, _kernel=kernel, _step=step):
+            calls[_step] += 1
+            return _kernel(*args)
+        monkeypatch.setitem(row, step, counted)
+    return calls
+
+
+@pytest.mark.parametrize("xs,o,padding,pads", CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_winograd_matches_loops_and_finite_differences(float64, winograd_everywhere, xs, o,
+                                                       padding, pads, bias):
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs), rng.standard_normal((o, xs[1], 3, 3))
+    b = rng.standard_normal(o) if bias else None
+    want = conv2d_loops(x, w, b, (1, 1), pads, (1, 1), 1)
+    with sn.kernels.use("numba"):
+        got = F.conv2d(sn.tensor(x), sn.tensor(w), None if b is None else sn.tensor(b),
+                       padding=padding)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+        args = (x, w, b) if bias else (x, w)
+        assert gradcheck(lambda x, w, b=None: F.conv2d(x, w, b, padding=padding), *args)
+    assert winograd_everywhere["winograd_forward"] > 0
+    assert winograd_everywhere["winograd_backward"] > 0
+
+
+@pytest.mark.parametrize("xs,o,padding,pads", CASES)
+def test_winograd_float32_equals_gemm_path(winograd_everywhere, xs, o, padding, pads):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((o, xs[1], 3, 3)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    g, results = None, []
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode):
+            ts = [sn.tensor(a, requires_grad=True) for a in (x, w, b)]
+            out = F.conv2d(*ts, padding=padding)
+            if g is None:
+                g = rng.standard_normal(out.shape).astype(np.float32)
+            (out * sn.tensor(g)).sum().backward()
+            assert out.dtype == np.float32 and ts[0].grad.dtype == np.float32
+            results.append([out.numpy()] + [t.grad.numpy() for t in ts])
+    assert winograd_everywhere == {"winograd_forward": 1, "winograd_backward": 1}
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_resnet_layer_float32_close_to_float64():
+    """A ResNet-18 stage-one layer at its real size (16 channels, the
+    default policy and blocks): float32 Winograd within float32 rounding of
+    the float64 result."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 16, 12, 12))
+    w = rng.standard_normal((16, 16, 3, 3)) / 12
+    g = rng.standard_normal((3, 16, 12, 12))
+    assert dispatch.winograd_takes(w.shape, (1, 1), (1, 1), 1)
+    results = []
+    for dtype in (np.float32, np.float64):
+        with sn.kernels.use("numba" if dtype == np.float32 else "xp"):
+            xt, wt = (sn.tensor(a.astype(dtype), requires_grad=True) for a in (x, w))
+            out = F.conv2d(xt, wt, padding=1)
+            (out * sn.tensor(g.astype(dtype))).sum().backward()
+            results.append([out.numpy(), xt.grad.numpy(), wt.grad.numpy()])
+    for got, want in zip(*results):
+        scale = np.abs(want).max()
+        assert np.abs(got - want).max() <= 2e-6 * scale
+
+
+def test_only_one_gradient_asked(winograd_everywhere):
+    """An input that needs no gradient gets none computed, and a frozen
+    weight likewise; the other gradient is still the GEMM path's."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 5, 5))
+    w = rng.standard_normal((2, 3, 3, 3))
+    g = rng.standard_normal((2, 2, 5, 5))
+    with sn.kernels.use("xp"):
+        xr, wr = sn.tensor(x, requires_grad=True), sn.tensor(w, requires_grad=True)
+        (F.conv2d(xr, wr, padding=1) * sn.tensor(g)).sum().backward()
+    with sn.kernels.use("numba"):
+        for x_grad in (True, False):
+            xt = sn.tensor(x, requires_grad=x_grad)
+            wt = sn.tensor(w, requires_grad=not x_grad)
+            (F.conv2d(xt, wt, padding=1) * sn.tensor(g)).sum().backward()
+            asked, other = (xt, wt) if x_grad else (wt, xt)
+            want = xr.grad if x_grad else wr.grad
+            np.testing.assert_allclose(asked.grad.numpy(), want.numpy(), rtol=1e-12,
+                                       atol=1e-12)
+            assert other.grad is None
+    assert winograd_everywhere == {"winograd_forward": 2, "winograd_backward": 2}
+
+
+def test_winograd_policy():
+    """Stride-1 undilated ungrouped 3x3 with enough channels both ways;
+    nothing else."""
+    takes = dispatch.winograd_takes
+    assert takes((16, 16, 3, 3), (1, 1), (1, 1), 1)
+    assert takes((128, 64, 3, 3), (1, 1), (1, 1), 1)
+    assert not takes((16, 3, 3, 3), (1, 1), (1, 1), 1)      # the stem
+    assert not takes((8, 16, 3, 3), (1, 1), (1, 1), 1)      # few outputs
+    assert not takes((16, 16, 3, 3), (2, 2), (1, 1), 1)     # strided
+    assert not takes((16, 16, 3, 3), (1, 1), (2, 2), 1)     # dilated
+    assert not takes((32, 16, 3, 3), (1, 1), (1, 1), 2)     # grouped
+    assert not takes((16, 16, 5, 5), (1, 1), (1, 1), 1)     # 5x5
+    assert not takes((16, 16, 3, 1), (1, 1), (1, 1), 1)
+
+
+def test_cupy_and_xp_mode_take_no_winograd(winograd_everywhere):
+    x = sn.tensor(np.ones((1, 2, 4, 4), np.float32), requires_grad=True)
+    with sn.kernels.use("xp"):
+        F.conv2d(x, sn.ones(2, 2, 3, 3), padding=1).sum().backward()
+    assert winograd_everywhere == {"winograd_forward": 0, "winograd_backward": 0}
+
+
+def test_transformed_weight_is_g_w_gt():
+    """U[4k + l, o, c] = (G w[o, c] Gᵀ)[k, l], and back: Gᵀ U G sums to the
+    adjoint (checked on one (o, c) by hand-built matrices)."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((3, 2, 3, 3))
+    u = winograd.transformed_weight(w)
+    for o in range(3):
+        for c in range(2):
+            np.testing.assert_allclose(u[:, o, c].reshape(4, 4),
+                                       winograd.G @ w[o, c] @ winograd.G.T, atol=1e-14)
+
+
+@pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")
+def test_winograd_kernels_as_plain_python():
+    """The kernel bodies as plain Python give the GEMM path's numbers too."""
+    run_plain_python_subprocess(__file__, "float32_equals_gemm")
