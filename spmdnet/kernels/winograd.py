@@ -21,9 +21,17 @@ every transform a pass through memory (the transforms then took longer than
 the GEMMs); so forward and backward run a block of whole images at a time
 (``BLOCK_TILES``), whose V, M and GEMM operands stay in L2, and the input is
 saved instead of V (its transform is computed again in backward: less
-memory and faster than reading V back). The compiled kernels run along
-1-D rows of C-contiguous buffers (no index wraparound test: they vectorise);
-the GEMMs stay with BLAS.
+memory and faster than reading V back).
+
+Channels-last inside: each block of the input is copied to a zero-padded
+(H, W, C) layout, V and M are kept transposed (16, T, C) and (16, T, O)
+(the GEMMs Vᵀ Uᵀ), so every transform loop runs along the channels or a
+whole padded row of them, contiguous. The first version ran along NCHW
+rows (a tile row of 2-16 tiles per loop) and was 1.3-1.5x slower forward
+and backward on ResNet-18's layers (per-plane loop overhead at 4x4 and 8x8).
+The kernels index 1-D rows of C-contiguous buffers (no index wraparound
+test) and write one destination per loop where they add (few pointers for
+LLVM's overlap checks): that is what lets LLVM vectorise them.
 
 Rounding: the transforms add and subtract inputs (and quarter weights)
 before the products, so float32 results differ from the direct sum by
@@ -49,170 +57,173 @@ GG = np.kron(G, G)
 BLOCK_TILES = 256
 
 
-def _input_transform(x, v, cols, plane, rows, geom):
-    """v[4k + l, c·cols + tile] = (Bᵀ d B)[k, l] for every tile's 4x4 patch
-    d of the zero-padded plane of x[n, c]."""
+def _input_transform(x, xt, v, rows, geom):
+    """v[4k + l, t, :] = (Bᵀ d B)[k, l] over the channels, for every tile t's
+    4x4 patch d of x's zero-padded channels-last copy xt (nb, Hp, Wp·C)."""
     top, left = geom
     batch, channels, h, w = x.shape
-    tiles_h, tiles_w = (plane.shape[0] - 2) // 2, (plane.shape[1] - 2) // 2
-    width = plane.shape[1]
-    # the border stays zero: every (n, c) rewrites the same interior
-    for r in range(plane.shape[0]):
-        for s in range(width):
-            plane[r, s] = 0
+    tiles_h, tiles_w = (xt.shape[1] - 2) // 2, (xt.shape[2] // channels - 2) // 2
+    length = xt.shape[2]
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
     for n in range(batch):
-        for c in range(channels):
+        for c in range(channels):  # to channels-last (its border stays zero)
             for r in range(h):
-                src, dest = x[n, c, r], plane[top + r, left:]
+                src, dest = x[n, c, r], xt[n, top + r]
                 for s in range(w):
-                    dest[s] = src[s]
-            for a in range(tiles_h):
-                d0, d1 = plane[2 * a], plane[2 * a + 1]
-                d2, d3 = plane[2 * a + 2], plane[2 * a + 3]
-                r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
-                for s in range(width):  # Bᵀ d: the rows of every patch at once
-                    r0[s] = d0[s] - d2[s]
-                    r1[s] = d1[s] + d2[s]
-                    r2[s] = d2[s] - d1[s]
-                    r3[s] = d1[s] - d3[s]
-                at = c * cols + (n * tiles_h + a) * tiles_w
-                for k in range(4):  # (Bᵀ d) B: the columns, per tile
+                    dest[(left + s) * channels + c] = src[s]
+        for a in range(tiles_h):
+            d0, d1 = xt[n, 2 * a], xt[n, 2 * a + 1]
+            d2, d3 = xt[n, 2 * a + 2], xt[n, 2 * a + 3]
+            for q in range(length):  # Bᵀ d: every patch's rows at once
+                r0[q] = d0[q] - d2[q]
+                r1[q] = d1[q] + d2[q]
+                r2[q] = d2[q] - d1[q]
+                r3[q] = d1[q] - d3[q]
+            t0 = (n * tiles_h + a) * tiles_w
+            for b in range(tiles_w):
+                at = 2 * b * channels
+                for k in range(4):  # (Bᵀ d) B, along the channels
                     row = rows[k]
-                    # 1-D rows of C-contiguous buffers: unit strides known to
-                    # LLVM, no index wraparound test: the loop vectorises
-                    out0, out1 = v[4 * k, at:], v[4 * k + 1, at:]
-                    out2, out3 = v[4 * k + 2, at:], v[4 * k + 3, at:]
-                    for b in range(tiles_w):
-                        e0, e1 = row[2 * b], row[2 * b + 1]
-                        e2, e3 = row[2 * b + 2], row[2 * b + 3]
-                        out0[b] = e0 - e2
-                        out1[b] = e1 + e2
-                        out2[b] = e2 - e1
-                        out3[b] = e1 - e3
+                    e0, e1 = row[at:], row[at + channels:]
+                    e2, e3 = row[at + 2 * channels:], row[at + 3 * channels:]
+                    out0, out1 = v[4 * k, t0 + b], v[4 * k + 1, t0 + b]
+                    out2, out3 = v[4 * k + 2, t0 + b], v[4 * k + 3, t0 + b]
+                    for c in range(channels):
+                        out0[c] = e0[c] - e2[c]
+                        out1[c] = e1[c] + e2[c]
+                        out2[c] = e2[c] - e1[c]
+                        out3[c] = e1[c] - e3[c]
 
 
-def _output_transform(m, cols, bias, out, sums, rows):
-    """out[n, o] = bias[o] + Aᵀ m_t A for every tile t, cut to (Ho, Wo)."""
+def _output_transform(m, bias, out, sums, rows):
+    """out[n, o] = bias[o] + Aᵀ m_t A for every tile t, cut to (Ho, Wo); m is
+    (16, T·O) channels-last."""
     batch, channels, ho, wo = out.shape
     tiles_h, tiles_w = (ho + 1) // 2, (wo + 1) // 2
+    span = tiles_w * channels
     for n in range(batch):
-        for o in range(channels):
-            b0 = bias[o]
-            for a in range(tiles_h):
-                at = o * cols + (n * tiles_h + a) * tiles_w
-                for col in range(4):  # Aᵀ m: rows 0 and 1, this column of every tile
-                    m0, m1 = m[col, at:], m[4 + col, at:]
-                    m2, m3 = m[8 + col, at:], m[12 + col, at:]
-                    upper, lower = sums[col], sums[4 + col]
-                    for b in range(tiles_w):
-                        upper[b] = m0[b] + m1[b] + m2[b]
-                        lower[b] = m1[b] - m2[b] - m3[b]
-                for i in range(2):  # (Aᵀ m) A: output row 2a + i
-                    s0, s1 = sums[4 * i], sums[4 * i + 1]
-                    s2, s3 = sums[4 * i + 2], sums[4 * i + 3]
-                    dest = rows[i]
-                    for b in range(tiles_w):
-                        dest[2 * b] = b0 + (s0[b] + s1[b] + s2[b])
-                        dest[2 * b + 1] = b0 + (s1[b] - s2[b] - s3[b])
+        for a in range(tiles_h):
+            at = (n * tiles_h + a) * span
+            for col in range(4):  # Aᵀ m: rows 0 and 1, this column, the tile row at once
+                m0, m1 = m[col, at:], m[4 + col, at:]
+                m2, m3 = m[8 + col, at:], m[12 + col, at:]
+                upper, lower = sums[col], sums[4 + col]
+                for q in range(span):
+                    upper[q] = m0[q] + m1[q] + m2[q]
+                    lower[q] = m1[q] - m2[q] - m3[q]
+            for b in range(tiles_w):  # (Aᵀ m) A: output rows 2a, 2a+1 channels-last
+                bc = b * channels
+                for i in range(2):
+                    s0, s1 = sums[4 * i, bc:], sums[4 * i + 1, bc:]
+                    s2, s3 = sums[4 * i + 2, bc:], sums[4 * i + 3, bc:]
+                    y0, y1 = rows[i, 2 * bc:], rows[i, 2 * bc + channels:]
+                    for o in range(channels):
+                        y0[o] = s0[o] + s1[o] + s2[o]
+                        y1[o] = s1[o] - s2[o] - s3[o]
+            for o in range(channels):  # back to NCHW, with the bias
+                b0 = bias[o]
                 for i in range(min(2, ho - 2 * a)):
                     src, dest = rows[i], out[n, o, 2 * a + i]
                     for s in range(wo):
-                        dest[s] = src[s]
+                        dest[s] = src[s * channels + o] + b0
 
 
-def _grad_transform(g, dm, cols, plane, rows):
-    """dm[4k + l, o·cols + tile] = (A g_t Aᵀ)[k, l], g_t the tile's 2x2 of
-    the output gradient (zero past Ho, Wo): the adjoint of ``_output_transform``."""
+def _grad_transform(g, dm, rows):
+    """dm[4k + l, t, :] = (A g_t Aᵀ)[k, l] over the channels, g_t the tile's
+    2x2 of the output gradient (zero past Ho, Wo): the adjoint of
+    ``_output_transform``."""
     batch, channels, ho, wo = g.shape
-    tiles_h, tiles_w = plane.shape[0] // 2, plane.shape[1] // 2
-    width = plane.shape[1]
-    for r in range(plane.shape[0]):
-        for s in range(width):
-            plane[r, s] = 0
+    tiles_h, tiles_w = (ho + 1) // 2, (wo + 1) // 2
+    length = 2 * tiles_w * channels
+    g0, g1 = rows[4], rows[5]
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
+    for q in range(length):  # columns past Wo stay zero
+        g0[q] = 0
+        g1[q] = 0
     for n in range(batch):
-        for o in range(channels):
-            for r in range(ho):
-                src, dest = g[n, o, r], plane[r]
-                for s in range(wo):
-                    dest[s] = src[s]
-            for a in range(tiles_h):
-                g0, g1 = plane[2 * a], plane[2 * a + 1]
-                r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
-                for s in range(width):  # A g: rows (g0, g0 + g1, g0 - g1, -g1)
-                    r0[s] = g0[s]
-                    r1[s] = g0[s] + g1[s]
-                    r2[s] = g0[s] - g1[s]
-                    r3[s] = -g1[s]
-                at = o * cols + (n * tiles_h + a) * tiles_w
-                for k in range(4):  # (A g) Aᵀ: the columns the same way
+        for a in range(tiles_h):
+            if 2 * a + 1 == ho:  # past the last row: zero
+                for q in range(length):
+                    g1[q] = 0
+            for o in range(channels):  # rows 2a, 2a+1 to channels-last
+                for i in range(min(2, ho - 2 * a)):
+                    src, dest = g[n, o, 2 * a + i], rows[4 + i]
+                    for s in range(wo):
+                        dest[s * channels + o] = src[s]
+            for q in range(length):  # A g: rows (g0, g0 + g1, g0 - g1, -g1)
+                r0[q] = g0[q]
+                r1[q] = g0[q] + g1[q]
+                r2[q] = g0[q] - g1[q]
+                r3[q] = -g1[q]
+            t0 = (n * tiles_h + a) * tiles_w
+            for b in range(tiles_w):  # (A g) Aᵀ, along the channels
+                at = 2 * b * channels
+                for k in range(4):
                     row = rows[k]
-                    out0, out1 = dm[4 * k, at:], dm[4 * k + 1, at:]
-                    out2, out3 = dm[4 * k + 2, at:], dm[4 * k + 3, at:]
-                    for b in range(tiles_w):
-                        c0, c1 = row[2 * b], row[2 * b + 1]
-                        out0[b] = c0
-                        out1[b] = c0 + c1
-                        out2[b] = c0 - c1
-                        out3[b] = -c1
+                    c0, c1 = row[at:], row[at + channels:]
+                    out0, out1 = dm[4 * k, t0 + b], dm[4 * k + 1, t0 + b]
+                    out2, out3 = dm[4 * k + 2, t0 + b], dm[4 * k + 3, t0 + b]
+                    for o in range(channels):
+                        out0[o] = c0[o]
+                        out1[o] = c0[o] + c1[o]
+                        out2[o] = c0[o] - c1[o]
+                        out3[o] = -c1[o]
 
 
-def _input_grad(dv, cols, gx, plane, rows, geom):
-    """gx[n, c] = the sum over tiles of B dv_t Bᵀ added at the tile's patch
-    of the padded plane, cut to the input: the adjoint of ``_input_transform``.
-    A tile row's patches overlap the next one's in two rows: those wait in
-    two carried rows, so each padded row is written once, straight to gx."""
+def _input_grad(dv, gx, plane, rows, geom):
+    """gx[n, c] = the sum over tiles of B dv_t Bᵀ added at the tile's patch of
+    the padded channels-last plane (Hp, Wp·C), cut to the input: the adjoint
+    of ``_input_transform``."""
     top, left = geom
     batch, channels, h, w = gx.shape
-    tiles_h, tiles_w = (plane.shape[0] - 2) // 2, (plane.shape[1] - 2) // 2
-    width = plane.shape[1]
-    last = tiles_w - 1
+    tiles_h, tiles_w = (plane.shape[0] - 2) // 2, (plane.shape[1] // channels - 2) // 2
+    length = plane.shape[1]
     r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
-    carry0, carry1 = rows[4], rows[5]
     for n in range(batch):
-        for c in range(channels):
-            for s in range(width):
-                carry0[s] = 0
-                carry1[s] = 0
-            for a in range(tiles_h + 1):
-                if a < tiles_h:
-                    at = c * cols + (n * tiles_h + a) * tiles_w
-                    for k in range(4):
-                        # (e B)ᵀ per tile, written without accumulation (so
-                        # the loop vectorises): column 2b+2 takes tile b+1's
-                        # first and tile b's third entry, 2b+3 tile b+1's
-                        # second and tile b's fourth
-                        e0, e1 = dv[4 * k, at:], dv[4 * k + 1, at:]
-                        e2, e3 = dv[4 * k + 2, at:], dv[4 * k + 3, at:]
-                        row = rows[k]
-                        row[0] = e0[0]
-                        row[1] = e1[0] - e2[0] + e3[0]
-                        for b in range(last):
-                            row[2 * b + 2] = e0[b + 1] - e0[b] + e1[b] + e2[b]
-                            row[2 * b + 3] = e1[b + 1] - e2[b + 1] + e3[b + 1] - e3[b]
-                        row[2 * tiles_w] = -e0[last] + e1[last] + e2[last]
-                        row[2 * tiles_w + 1] = -e3[last]
-                else:  # past the last tile row: the carried rows alone
-                    for s in range(width):
-                        r0[s] = 0
-                        r1[s] = 0
-                        r2[s] = 0
-                        r3[s] = 0
-                # B (…): padded rows 2a and 2a+1 complete; 2a+2, 2a+3 carried
-                for i in range(2):
-                    padded = 2 * a + i - top
-                    if 0 <= padded < h:
-                        dest = gx[n, c, padded]
-                        lhs, src = (carry0, r0) if i == 0 else (carry1, r1)
-                        if i == 0:
-                            for s in range(w):
-                                dest[s] = lhs[left + s] + src[left + s]
-                        else:
-                            for s in range(w):
-                                q = left + s
-                                dest[s] = lhs[q] + (r1[q] - r2[q] + r3[q])
-                for s in range(width):
-                    carry0[s] = r2[s] + r1[s] - r0[s]
-                    carry1[s] = -r3[s]
+        for r in range(plane.shape[0]):
+            for q in range(length):
+                plane[r, q] = 0
+        for a in range(tiles_h):
+            for k in range(4):
+                row = rows[k]
+                for q in range(length):
+                    row[q] = 0
+            t0 = (n * tiles_h + a) * tiles_w
+            for b in range(tiles_w):  # (e B)ᵀ: tile b's columns 2b..2b+3, added
+                at = 2 * b * channels
+                for k in range(4):
+                    row = rows[k]
+                    e0, e1 = dv[4 * k, t0 + b], dv[4 * k + 1, t0 + b]
+                    e2, e3 = dv[4 * k + 2, t0 + b], dv[4 * k + 3, t0 + b]
+                    # one destination per loop: few pointers for LLVM's
+                    # overlap checks, so each loop vectorises
+                    dest = row[at:]
+                    for c in range(channels):
+                        dest[c] += e0[c]
+                    dest = row[at + channels:]
+                    for c in range(channels):
+                        dest[c] += e1[c] - e2[c] + e3[c]
+                    dest = row[at + 2 * channels:]
+                    for c in range(channels):
+                        dest[c] += e2[c] + e1[c] - e0[c]
+                    dest = row[at + 3 * channels:]
+                    for c in range(channels):
+                        dest[c] -= e3[c]
+            p0, p1 = plane[2 * a], plane[2 * a + 1]
+            p2, p3 = plane[2 * a + 2], plane[2 * a + 3]
+            for q in range(length):  # B (…): the rows, added (patches overlap)
+                p0[q] += r0[q]
+            for q in range(length):
+                p1[q] += r1[q] - r2[q] + r3[q]
+            for q in range(length):
+                p2[q] += r2[q] + r1[q] - r0[q]
+            for q in range(length):
+                p3[q] -= r3[q]
+        for c in range(channels):  # back to NCHW
+            for r in range(h):
+                src, dest = plane[top + r], gx[n, c, r]
+                for s in range(w):
+                    dest[s] = src[(left + s) * channels + c]
 
 
 _input_transform_kernel = CpuKernel(_input_transform)
@@ -227,21 +238,15 @@ def tiles(out_hw):
 
 
 def stacked(rows, cols, dtype):
-    """An empty stack of 16 (rows, cols) matrices: (the C-contiguous (16,
-    plane) buffer the kernels index as [k, row·cols + col], its (16, rows,
-    cols) view for the GEMMs). The planes lie an odd number of cache lines
-    apart: the transforms touch a tile in all 16 at once, and planes a
-    multiple of 4 KiB apart fall in one L1 set and evict each other
-    (measured 2-5x slower passes)."""
+    """An empty C-contiguous stack of 16 (rows', cols) matrices, rows' >= rows,
+    whose planes do not lie a multiple of 2 KiB apart: the transforms touch
+    a tile in all 16 planes at once, and planes 4 KiB apart (16 channels of
+    8192 tiles: 512 KiB) fall in one L1 set and evict each other (measured
+    2-5x slower passes). Views [:, :t] are the GEMMs' operands."""
     itemsize = np.dtype(dtype).itemsize
-    line = max(1, 64 // itemsize)
-    plane = -(-rows * cols // line) * line
-    if (plane // line) % 2 == 0:
-        plane += line
-    flat = np.empty((16, plane), dtype)
-    view = np.lib.stride_tricks.as_strided(flat, (16, rows, cols),
-                                           (plane * itemsize, cols * itemsize, itemsize))
-    return flat, view
+    while (rows * cols * itemsize // 64) % 64 in (0, 32):
+        rows += 1
+    return np.empty((16, rows, cols), dtype)
 
 
 def transformed_weight(weight):
@@ -261,19 +266,22 @@ class _Blocks:
         per_block = max(1, BLOCK_TILES // (self.tiles_h * self.tiles_w))
         self.ranges = [(i, min(n, i + per_block)) for i in range(0, n, per_block)]
         self.span = per_block * self.tiles_h * self.tiles_w
-        self.plane = np.empty((2 * self.tiles_h + 2, 2 * self.tiles_w + 2), dtype)
-        self.rows = np.empty((8, self.plane.shape[1]), dtype)
+        self.padded = (2 * self.tiles_h + 2, 2 * self.tiles_w + 2)
         self.geom = (int(pads[0][0]), int(pads[1][0]))
-        if pads[0][0] + x_shape[2] > self.plane.shape[0] or \
-                pads[1][0] + x_shape[3] > self.plane.shape[1]:
+        if pads[0][0] + x_shape[2] > self.padded[0] or \
+                pads[1][0] + x_shape[3] > self.padded[1]:
             raise ValueError(f"winograd: input {tuple(x_shape)} with pads {pads} does not "
                              f"fit the tiles of output {tuple(out_hw)}")
+        # the input block channels-last and zero-padded (its border stays zero)
+        self.xt = np.zeros((per_block, self.padded[0], self.padded[1] * c), dtype)
+        self.rows = np.empty((6, self.padded[1] * max(c, out_channels)), dtype)
+        self.in_rows = self.rows[:4, :self.padded[1] * c]
 
     def tile_count(self, start, stop):
         return (stop - start) * self.tiles_h * self.tiles_w
 
-    def transform_input(self, x, v, cols):
-        _input_transform_kernel(x, v, cols, self.plane, self.rows, self.geom)
+    def transform_input(self, x, v):
+        _input_transform_kernel(x, self.xt, v, self.in_rows, self.geom)
 
 
 def forward(x, weight, bias, pads, out_hw):
@@ -282,19 +290,18 @@ def forward(x, weight, bias, pads, out_hw):
     GEMMs (one pass over the input and the output in memory)."""
     check_target("winograd", x, weight, bias)
     x = np.ascontiguousarray(x)
-    o = weight.shape[0]
+    c, o = x.shape[1], weight.shape[0]
     blocks = _Blocks(x.shape, o, out_hw, x.dtype, pads)
-    u = transformed_weight(weight)
+    ut = transformed_weight(weight).transpose(0, 2, 1)
     out = np.empty((x.shape[0], o) + tuple(out_hw), x.dtype)
     bias = np.zeros(o, x.dtype) if bias is None else np.ascontiguousarray(bias)
-    v_flat, v_all = stacked(x.shape[1], blocks.span, x.dtype)
-    m_flat, m_all = stacked(o, blocks.span, x.dtype)
-    sums = np.empty((8, blocks.tiles_w), x.dtype)
+    v, m = stacked(blocks.span, c, x.dtype), stacked(blocks.span, o, x.dtype)
+    sums = np.empty((8, blocks.tiles_w * o), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        blocks.transform_input(x[start:stop], v_flat, blocks.span)
-        np.matmul(u, v_all[:, :, :t], out=m_all[:, :, :t])
-        _output_transform_kernel(m_flat, blocks.span, bias, out[start:stop], sums,
+        blocks.transform_input(x[start:stop], v)
+        np.matmul(v[:, :t], ut, out=m[:, :t])  # Mᵀ[k] (T, O) = Vᵀ[k] Uᵀ[k]
+        _output_transform_kernel(m.reshape(16, -1), bias, out[start:stop], sums,
                                  blocks.rows)
     return out, x
 
@@ -308,24 +315,21 @@ def backward(g, x, weight, pads, need_weight=True, need_input=True):
     g, x = np.ascontiguousarray(g), np.ascontiguousarray(x)
     c, o = x.shape[1], weight.shape[0]
     blocks = _Blocks(x.shape, o, g.shape[2:], x.dtype, pads)
-    ut = transformed_weight(weight).transpose(0, 2, 1)
-    g_plane = np.empty((2 * blocks.tiles_h, 2 * blocks.tiles_w), x.dtype)
-    dm_flat, dm_all = stacked(o, blocks.span, x.dtype)
-    v_flat, v_all = stacked(c, blocks.span, x.dtype)  # V, then dV
+    u = transformed_weight(weight)
+    dm, v = stacked(blocks.span, o, x.dtype), stacked(blocks.span, c, x.dtype)  # V, then dV
     du = np.zeros((16, o, c), x.dtype)
     du_block = np.empty((16, o, c), x.dtype)
     gx = np.empty(x.shape, x.dtype) if need_input else None
+    plane = np.empty((blocks.padded[0], blocks.padded[1] * c), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        _grad_transform_kernel(g[start:stop], dm_flat, blocks.span, g_plane, blocks.rows)
-        dm = dm_all[:, :, :t]
+        _grad_transform_kernel(g[start:stop], dm, blocks.rows)
         if need_weight:
-            blocks.transform_input(x[start:stop], v_flat, blocks.span)
-            du += np.matmul(dm, v_all[:, :, :t].transpose(0, 2, 1), out=du_block)
+            blocks.transform_input(x[start:stop], v)
+            du += np.matmul(dm[:, :t].transpose(0, 2, 1), v[:, :t], out=du_block)
         if need_input:
-            np.matmul(ut, dm, out=v_all[:, :, :t])
-            _input_grad_kernel(v_flat, blocks.span, gx[start:stop], blocks.plane, blocks.rows,
-                               blocks.geom)
+            np.matmul(dm[:, :t], u, out=v[:, :t])  # dVᵀ[k] (T, C) = dMᵀ[k] U[k]
+            _input_grad_kernel(v, gx[start:stop], plane, blocks.in_rows, blocks.geom)
     gw = None
     if need_weight:
         gw = np.matmul(du.reshape(16, o * c).T, GG.astype(x.dtype)).reshape(o, c, 3, 3)
