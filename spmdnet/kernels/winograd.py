@@ -42,6 +42,7 @@ columns' GEMM.
 import numpy as np
 
 from ._cpu import CpuKernel
+from ._numba import njit_inline
 from ._target import check_target
 
 # The transform matrices of F(2x2, 3x3) (Lavin and Gray, 2015)
@@ -58,19 +59,23 @@ BLOCK_TILES = 256
 
 
 def _input_transform(x, xt, v, rows, geom):
-    """v[4k + l, t, :] = (Bᵀ d B)[k, l] over the channels, for every tile t's
-    4x4 patch d of x's zero-padded channels-last copy xt (nb, Hp, Wp·C)."""
+    """v[4k + l, t·C + c] = (Bᵀ d B)[k, l] for every tile t's 4x4 patch d of
+    x's zero-padded channels-last copy xt (nb, Hp, Wp·C), whose rows hold
+    the even columns, then the odd ones (``_column``)."""
     top, left = geom
     batch, channels, h, w = x.shape
-    tiles_h, tiles_w = (xt.shape[1] - 2) // 2, (xt.shape[2] // channels - 2) // 2
+    tiles_h = (xt.shape[1] - 2) // 2
     length = xt.shape[2]
+    half = length // 2
+    tiles_w = half // channels - 1
+    span = tiles_w * channels
     r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
     for n in range(batch):
         for c in range(channels):  # to channels-last (its border stays zero)
             for r in range(h):
                 src, dest = x[n, c, r], xt[n, top + r]
                 for s in range(w):
-                    dest[(left + s) * channels + c] = src[s]
+                    dest[_column(left + s, half, channels) + c] = src[s]
         for a in range(tiles_h):
             d0, d1 = xt[n, 2 * a], xt[n, 2 * a + 1]
             d2, d3 = xt[n, 2 * a + 2], xt[n, 2 * a + 3]
@@ -79,20 +84,25 @@ def _input_transform(x, xt, v, rows, geom):
                 r1[q] = d1[q] + d2[q]
                 r2[q] = d2[q] - d1[q]
                 r3[q] = d1[q] - d3[q]
-            t0 = (n * tiles_h + a) * tiles_w
-            for b in range(tiles_w):
-                at = 2 * b * channels
-                for k in range(4):  # (Bᵀ d) B, along the channels
-                    row = rows[k]
-                    e0, e1 = row[at:], row[at + channels:]
-                    e2, e3 = row[at + 2 * channels:], row[at + 3 * channels:]
-                    out0, out1 = v[4 * k, t0 + b], v[4 * k + 1, t0 + b]
-                    out2, out3 = v[4 * k + 2, t0 + b], v[4 * k + 3, t0 + b]
-                    for c in range(channels):
-                        out0[c] = e0[c] - e2[c]
-                        out1[c] = e1[c] + e2[c]
-                        out2[c] = e2[c] - e1[c]
-                        out3[c] = e1[c] - e3[c]
+            at = (n * tiles_h + a) * span
+            for k in range(4):  # (Bᵀ d) B: tile b's columns 2b..2b+3 are
+                row = rows[k]  # even b, odd b, even b+1, odd b+1
+                e0, e1, e2, e3 = row, row[half:], row[channels:], row[half + channels:]
+                out0, out1 = v[4 * k, at:], v[4 * k + 1, at:]
+                out2, out3 = v[4 * k + 2, at:], v[4 * k + 3, at:]
+                for q in range(span):
+                    out0[q] = e0[q] - e2[q]
+                    out1[q] = e1[q] + e2[q]
+                    out2[q] = e2[q] - e1[q]
+                    out3[q] = e1[q] - e3[q]
+
+
+@njit_inline
+def _column(col, half, channels):
+    """Where padded column ``col`` starts in a channels-last row stored as
+    its even columns, then its odd ones: every tile's columns are then a
+    fixed offset from a run of tiles (one long loop, no interleaving)."""
+    return (col % 2) * half + (col // 2) * channels
 
 
 def _output_transform(m, bias, out, sums, rows):
@@ -111,30 +121,27 @@ def _output_transform(m, bias, out, sums, rows):
                 for q in range(span):
                     upper[q] = m0[q] + m1[q] + m2[q]
                     lower[q] = m1[q] - m2[q] - m3[q]
-            for b in range(tiles_w):  # (Aᵀ m) A: output rows 2a, 2a+1 channels-last
-                bc = b * channels
-                for i in range(2):
-                    s0, s1 = sums[4 * i, bc:], sums[4 * i + 1, bc:]
-                    s2, s3 = sums[4 * i + 2, bc:], sums[4 * i + 3, bc:]
-                    y0, y1 = rows[i, 2 * bc:], rows[i, 2 * bc + channels:]
-                    for o in range(channels):
-                        y0[o] = s0[o] + s1[o] + s2[o]
-                        y1[o] = s1[o] - s2[o] - s3[o]
+            for i in range(2):  # (Aᵀ m) A: output row 2a + i, even columns then odd
+                s0, s1, s2, s3 = sums[4 * i], sums[4 * i + 1], sums[4 * i + 2], sums[4 * i + 3]
+                even, odd = rows[i], rows[i, span:]
+                for q in range(span):
+                    even[q] = s0[q] + s1[q] + s2[q]
+                    odd[q] = s1[q] - s2[q] - s3[q]
             for o in range(channels):  # back to NCHW, with the bias
                 b0 = bias[o]
                 for i in range(min(2, ho - 2 * a)):
                     src, dest = rows[i], out[n, o, 2 * a + i]
                     for s in range(wo):
-                        dest[s] = src[s * channels + o] + b0
+                        dest[s] = src[_column(s, span, channels) + o] + b0
 
 
 def _grad_transform(g, dm, rows):
-    """dm[4k + l, t, :] = (A g_t Aᵀ)[k, l] over the channels, g_t the tile's
-    2x2 of the output gradient (zero past Ho, Wo): the adjoint of
-    ``_output_transform``."""
+    """dm[4k + l, t·O + o] = (A g_t Aᵀ)[k, l], g_t the tile's 2x2 of the
+    output gradient (zero past Ho, Wo): the adjoint of ``_output_transform``."""
     batch, channels, ho, wo = g.shape
     tiles_h, tiles_w = (ho + 1) // 2, (wo + 1) // 2
-    length = 2 * tiles_w * channels
+    span = tiles_w * channels
+    length = 2 * span
     g0, g1 = rows[4], rows[5]
     r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
     for q in range(length):  # columns past Wo stay zero
@@ -145,70 +152,64 @@ def _grad_transform(g, dm, rows):
             if 2 * a + 1 == ho:  # past the last row: zero
                 for q in range(length):
                     g1[q] = 0
-            for o in range(channels):  # rows 2a, 2a+1 to channels-last
+            for o in range(channels):  # rows 2a, 2a+1 to channels-last, even/odd
                 for i in range(min(2, ho - 2 * a)):
                     src, dest = g[n, o, 2 * a + i], rows[4 + i]
                     for s in range(wo):
-                        dest[s * channels + o] = src[s]
+                        dest[_column(s, span, channels) + o] = src[s]
             for q in range(length):  # A g: rows (g0, g0 + g1, g0 - g1, -g1)
                 r0[q] = g0[q]
                 r1[q] = g0[q] + g1[q]
                 r2[q] = g0[q] - g1[q]
                 r3[q] = -g1[q]
-            t0 = (n * tiles_h + a) * tiles_w
-            for b in range(tiles_w):  # (A g) Aᵀ, along the channels
-                at = 2 * b * channels
-                for k in range(4):
-                    row = rows[k]
-                    c0, c1 = row[at:], row[at + channels:]
-                    out0, out1 = dm[4 * k, t0 + b], dm[4 * k + 1, t0 + b]
-                    out2, out3 = dm[4 * k + 2, t0 + b], dm[4 * k + 3, t0 + b]
-                    for o in range(channels):
-                        out0[o] = c0[o]
-                        out1[o] = c0[o] + c1[o]
-                        out2[o] = c0[o] - c1[o]
-                        out3[o] = -c1[o]
+            at = (n * tiles_h + a) * span
+            for k in range(4):  # (A g) Aᵀ: the even and odd column of each tile
+                even, odd = rows[k], rows[k, span:]
+                out0, out1 = dm[4 * k, at:], dm[4 * k + 1, at:]
+                out2, out3 = dm[4 * k + 2, at:], dm[4 * k + 3, at:]
+                for q in range(span):
+                    out0[q] = even[q]
+                    out1[q] = even[q] + odd[q]
+                    out2[q] = even[q] - odd[q]
+                    out3[q] = -odd[q]
 
 
 def _input_grad(dv, gx, plane, rows, geom):
     """gx[n, c] = the sum over tiles of B dv_t Bᵀ added at the tile's patch of
-    the padded channels-last plane (Hp, Wp·C), cut to the input: the adjoint
-    of ``_input_transform``."""
+    the padded channels-last plane (Hp, Wp·C, even columns then odd), cut to
+    the input: the adjoint of ``_input_transform``."""
     top, left = geom
     batch, channels, h, w = gx.shape
-    tiles_h, tiles_w = (plane.shape[0] - 2) // 2, (plane.shape[1] // channels - 2) // 2
+    tiles_h = (plane.shape[0] - 2) // 2
     length = plane.shape[1]
+    half = length // 2
+    span = (half // channels - 1) * channels
     r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
     for n in range(batch):
         for r in range(plane.shape[0]):
             for q in range(length):
                 plane[r, q] = 0
         for a in range(tiles_h):
-            for k in range(4):
+            at = (n * tiles_h + a) * span
+            for k in range(4):  # (e B)ᵀ: tile b adds to columns 2b..2b+3
                 row = rows[k]
-                for q in range(length):
-                    row[q] = 0
-            t0 = (n * tiles_h + a) * tiles_w
-            for b in range(tiles_w):  # (e B)ᵀ: tile b's columns 2b..2b+3, added
-                at = 2 * b * channels
-                for k in range(4):
-                    row = rows[k]
-                    e0, e1 = dv[4 * k, t0 + b], dv[4 * k + 1, t0 + b]
-                    e2, e3 = dv[4 * k + 2, t0 + b], dv[4 * k + 3, t0 + b]
-                    # one destination per loop: few pointers for LLVM's
-                    # overlap checks, so each loop vectorises
-                    dest = row[at:]
-                    for c in range(channels):
-                        dest[c] += e0[c]
-                    dest = row[at + channels:]
-                    for c in range(channels):
-                        dest[c] += e1[c] - e2[c] + e3[c]
-                    dest = row[at + 2 * channels:]
-                    for c in range(channels):
-                        dest[c] += e2[c] + e1[c] - e0[c]
-                    dest = row[at + 3 * channels:]
-                    for c in range(channels):
-                        dest[c] -= e3[c]
+                e0, e1 = dv[4 * k, at:], dv[4 * k + 1, at:]
+                e2, e3 = dv[4 * k + 2, at:], dv[4 * k + 3, at:]
+                even, odd = row, row[half:]
+                for q in range(span):  # columns 2b, 2b+1
+                    even[q] = e0[q]
+                    odd[q] = e1[q] - e2[q] + e3[q]
+                for q in range(span, span + channels):
+                    even[q] = 0
+                    odd[q] = 0
+                # columns 2b+2, 2b+3: one destination per loop (few pointers
+                # for LLVM's overlap checks, so each loop vectorises)
+                later = row[channels:]
+                for q in range(span):
+                    later[q] += e2[q] + e1[q] - e0[q]
+                later = row[half + channels:]
+                for q in range(span):
+                    later[q] -= e3[q]
             p0, p1 = plane[2 * a], plane[2 * a + 1]
             p2, p3 = plane[2 * a + 2], plane[2 * a + 3]
             for q in range(length):  # B (…): the rows, added (patches overlap)
@@ -223,7 +224,7 @@ def _input_grad(dv, gx, plane, rows, geom):
             for r in range(h):
                 src, dest = plane[top + r], gx[n, c, r]
                 for s in range(w):
-                    dest[s] = src[(left + s) * channels + c]
+                    dest[s] = src[_column(left + s, half, channels) + c]
 
 
 _input_transform_kernel = CpuKernel(_input_transform)
@@ -281,7 +282,7 @@ class _Blocks:
         return (stop - start) * self.tiles_h * self.tiles_w
 
     def transform_input(self, x, v):
-        _input_transform_kernel(x, self.xt, v, self.in_rows, self.geom)
+        _input_transform_kernel(x, self.xt, v.reshape(16, -1), self.in_rows, self.geom)
 
 
 def forward(x, weight, bias, pads, out_hw):
@@ -323,13 +324,14 @@ def backward(g, x, weight, pads, need_weight=True, need_input=True):
     plane = np.empty((blocks.padded[0], blocks.padded[1] * c), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        _grad_transform_kernel(g[start:stop], dm, blocks.rows)
+        _grad_transform_kernel(g[start:stop], dm.reshape(16, -1), blocks.rows)
         if need_weight:
             blocks.transform_input(x[start:stop], v)
             du += np.matmul(dm[:, :t].transpose(0, 2, 1), v[:, :t], out=du_block)
         if need_input:
             np.matmul(dm[:, :t], u, out=v[:, :t])  # dVᵀ[k] (T, C) = dMᵀ[k] U[k]
-            _input_grad_kernel(v, gx[start:stop], plane, blocks.in_rows, blocks.geom)
+            _input_grad_kernel(v.reshape(16, -1), gx[start:stop], plane, blocks.in_rows,
+                               blocks.geom)
     gw = None
     if need_weight:
         gw = np.matmul(du.reshape(16, o * c).T, GG.astype(x.dtype)).reshape(o, c, 3, 3)
