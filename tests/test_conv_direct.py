@@ -10,6 +10,7 @@ import spmdnet as sn
 import spmdnet.nn.functional as F
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import dispatch
+from tests.helpers.kernel_calls import count_steps
 from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
 from tests.test_conv import conv2d_loops
 
@@ -31,16 +32,7 @@ CASES = [  # (x shape, w shape, padding, dilation, groups, loop pads)
 @pytest.fixture
 def direct_calls(monkeypatch):
     """How many times conv2d ran the direct forward and weight-gradient kernels."""
-    calls = {"direct_forward": 0, "direct_weight_grad": 0}
-    row = dispatch.TABLE["conv2d"].kernels
-    for step in calls:
-        kernel = row[step]
-
-        def counted(*args, _kernel=kernel, _step=step):
-            calls[_step] += 1
-            return _kernel(*args)
-        monkeypatch.setitem(row, step, counted)
-    return calls
+    return count_steps(monkeypatch, "conv2d", ("direct_forward", "direct_weight_grad"))
 
 
 @pytest.mark.parametrize("xs,ws,padding,dilation,groups,pads", CASES)

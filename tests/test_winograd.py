@@ -10,6 +10,7 @@ import spmdnet as sn
 import spmdnet.nn.functional as F
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import dispatch, winograd
+from tests.helpers.kernel_calls import count_steps
 from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
 from tests.test_conv import conv2d_loops
 
@@ -31,16 +32,7 @@ def winograd_everywhere(monkeypatch):
     batch, the last one short), and how many times each step ran."""
     monkeypatch.setattr(dispatch, "WINOGRAD_MIN_CHANNELS", 1)
     monkeypatch.setattr(winograd, "BLOCK_TILES", 8)
-    calls = {"winograd_forward": 0, "winograd_backward": 0}
-    row = dispatch.TABLE["conv2d"].kernels
-    for step in calls:
-        kernel = row[step]
-
-        def counted(*args, _kernel=kernel, _step=step):
-            calls[_step] += 1
-            return _kernel(*args)
-        monkeypatch.setitem(row, step, counted)
-    return calls
+    return count_steps(monkeypatch, "conv2d", ("winograd_forward", "winograd_backward"))
 
 
 @pytest.mark.parametrize("xs,o,padding,pads", CASES)
