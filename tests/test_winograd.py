@@ -21,17 +21,18 @@ CASES = [  # (x shape, out channels, padding, loop pads)
     ((2, 2, 4, 9), 3, (2, 0), ((2, 2), (0, 0))),       # uneven padding
     ((2, 3, 5, 6), 2, "same", ((1, 1), (1, 1))),       # 'same'
     ((1, 2, 3, 3), 1, 1, ((1, 1), (1, 1))),            # one tile
-    ((5, 2, 4, 4), 3, 1, ((1, 1), (1, 1))),            # several blocks (BLOCK_TILES 8)
+    ((5, 2, 4, 4), 3, 1, ((1, 1), (1, 1))),            # several blocks, a short last one
     ((2, 2, 1, 3), 2, 1, ((1, 1), (1, 1))),            # one input row
 ]
 
 
 @pytest.fixture
 def winograd_everywhere(monkeypatch):
-    """Winograd on every channel count, blocks of 8 tiles (several per
-    batch, the last one short), and how many times each step ran."""
+    """Winograd on every channel count, blocks of 8 tiles at 5 channels in
+    and out (several per batch, the last one short), and how many times
+    each step ran."""
     monkeypatch.setattr(dispatch, "WINOGRAD_MIN_CHANNELS", 1)
-    monkeypatch.setattr(winograd, "BLOCK_TILES", 8)
+    monkeypatch.setattr(winograd, "BLOCK_VALUES", 40)
     return count_steps(monkeypatch, "conv2d", ("winograd_forward", "winograd_backward"))
 
 
