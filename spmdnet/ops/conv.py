@@ -17,9 +17,9 @@ sum) it replaced; benchmarks/cnn_step.py --layers times each shape.
 
 Stride-1 3x3 convolutions on many channels (ResNet's; where
 ``kernels.dispatch.winograd_takes`` says so) run Winograd F(2x2, 3x3)
-(kernels/winograd.py): 2.25x fewer multiply-adds in 16 GEMMs, the input's
-transform (4x its size, not the columns' 9x) saved for the weight
-gradient, and no col2im.
+(kernels/winograd.py): 2.25x fewer multiply-adds in 16 GEMMs over blocks
+of images kept in L2, the input and the transformed weight saved (the
+input's transform is computed again in backward), no columns, no col2im.
 
 Stride-1 convolutions with few input channels per group (where
 ``kernels.dispatch.conv_direct_takes`` says so: depthwise, single-channel,
@@ -198,7 +198,7 @@ class Conv2d(Function):
                      ("winograd_forward", "winograd_backward")]
             if all(steps):  # stride-1 3x3 on many channels: no columns
                 self.cols, self.winograd = None, steps[1]
-                out, self.transformed = steps[0](x, weight, bias[0] if bias else None, pads,
+                out, self.winograd_saved = steps[0](x, weight, bias[0] if bias else None, pads,
                                                  out_hw)
                 return out
         if conv_direct_takes(weight.shape, stride):
@@ -220,8 +220,8 @@ class Conv2d(Function):
         need = self.needs_input_grad
         gw = gx = gb = None
         if self.winograd:
-            transformed, self.transformed = self.transformed, None
-            gw, gx = self.winograd(g, transformed, self.weight, pads, need[1], need[0])
+            saved, self.winograd_saved = self.winograd_saved, None
+            gw, gx = self.winograd(g, saved, self.weight, pads, need[1], need[0])
         elif self.direct:
             gw, gx = self._direct_backward(g)
         else:
