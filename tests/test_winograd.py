@@ -9,7 +9,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.nn.functional as F
 from spmdnet.autograd import gradcheck
-from spmdnet.kernels import dispatch, winograd
+from spmdnet.kernels import dispatch, winograd, winograd_transforms
 from tests.helpers.kernel_calls import count_steps
 from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
 from tests.test_conv import conv2d_loops
@@ -94,6 +94,33 @@ def test_resnet_layer_float32_close_to_float64():
     for got, want in zip(*results):
         scale = np.abs(want).max()
         assert np.abs(got - want).max() <= 2e-6 * scale
+
+
+@pytest.mark.parametrize("xs,o,padding", [((2, 32, 5, 6), 33, 1), ((3, 40, 4, 3), 32, (2, 0))])
+def test_wide_layers_match_loops_and_the_gemm_path(float64, xs, o, padding):
+    """From ``winograd_transforms.WIDE`` channels the transposes run along the
+    channels: the forward against the definition, the gradients against the
+    columns' GEMM path in float64, under the default policy and blocks."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(xs), rng.standard_normal((o, xs[1], 3, 3))
+    pads = ((padding, padding), (padding, padding)) if isinstance(padding, int) else \
+        ((padding[0], padding[0]), (padding[1], padding[1]))
+    assert min(xs[1], o) >= winograd_transforms.WIDE
+    assert dispatch.winograd_takes(w.shape, (1, 1), (1, 1), 1)
+    results = []
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode):
+            xt, wt = sn.tensor(x, requires_grad=True), sn.tensor(w, requires_grad=True)
+            out = F.conv2d(xt, wt, padding=padding)
+            if mode == "numba":
+                np.testing.assert_allclose(out.numpy(), conv2d_loops(x, w, None, (1, 1), pads,
+                                                                     (1, 1), 1),
+                                           rtol=1e-11, atol=1e-11)
+                g = rng.standard_normal(out.shape)
+            (out * sn.tensor(g)).sum().backward()
+            results.append([out.numpy(), xt.grad.numpy(), wt.grad.numpy()])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
 
 
 def test_only_one_gradient_asked(winograd_everywhere):

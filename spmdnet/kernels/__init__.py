@@ -21,8 +21,9 @@ conv           col2im                                  ops.conv.Conv2d,
 conv_direct    direct stride-1 forward and weight      ops.conv.Conv2d on few input
                gradient (no columns)                   channels (dispatch.conv_direct_takes)
 pool           max pooling with argmax                 ops.pooling.MaxPool2d
-winograd       F(2x2, 3x3) transforms; forward and     ops.conv.Conv2d, stride-1 3x3 on
-               backward with the GEMMs                 many channels (dispatch.winograd_takes)
+winograd       F(2x2, 3x3) forward and backward over   ops.conv.Conv2d, stride-1 3x3 on
+               blocks of images, with the GEMMs; its   many channels (dispatch.winograd_takes)
+               compiled passes: winograd_transforms
 =============  ======================================  ===================================
 
 The one seam between ops and kernels is ``lookup(op, *arrays, step=...)``:
