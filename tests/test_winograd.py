@@ -123,6 +123,39 @@ def test_wide_layers_match_loops_and_the_gemm_path(float64, xs, o, padding):
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("where", ["input", "output gradient"])
+def test_inf_gives_the_direct_sums_inf_not_nan(winograd_everywhere, where):
+    """Winograd's transforms subtract inputs, so an inf would give NaN (inf -
+    inf) where the direct sum (PyTorch's) gives inf: an inf in the input
+    sends the forward, and one in the output gradient the backward, to the
+    columns' GEMM; inf and NaN then sit exactly where the GEMM path puts them."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    w = np.abs(rng.standard_normal((4, 3, 3, 3))).astype(np.float32)
+    g = np.ones((2, 4, 6, 6), np.float32)
+    if where == "input":
+        x[0, 1, 2, 2] = np.inf
+    else:
+        g[1, 2, 3, 3] = -np.inf
+    results = []
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode), np.errstate(invalid="ignore"):
+            xt, wt = sn.tensor(x, requires_grad=True), sn.tensor(w, requires_grad=True)
+            out = F.conv2d(xt, wt, padding=1)
+            out.backward(sn.tensor(g))
+            results.append([out.numpy(), xt.grad.numpy(), wt.grad.numpy()])
+    assert np.isinf(results[1][0 if where == "input" else 1]).any()  # the case is real
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    assert winograd_everywhere == ({"winograd_forward": 0, "winograd_backward": 0}
+                                   if where == "input" else
+                                   {"winograd_forward": 1, "winograd_backward": 0})
+
+
 def test_only_one_gradient_asked(winograd_everywhere):
     """An input that needs no gradient gets none computed, and a frozen
     weight likewise; the other gradient is still the GEMM path's."""

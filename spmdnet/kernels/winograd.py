@@ -38,7 +38,9 @@ Rounding: the transforms add and subtract inputs (and quarter weights)
 before the products, so float32 results differ from the direct sum by
 rounding of the inputs' magnitude (tests: within 2e-6 of the largest value
 on a 16-channel layer); ``SPMDNET_KERNELS=xp`` and CuPy arrays keep the
-columns' GEMM.
+columns' GEMM. An inf would turn into NaN here (inf - inf) where the direct
+sum gives inf: ops.conv sends an input (forward) or output gradient
+(backward) holding an inf or a NaN to the columns' GEMM instead.
 """
 import numpy as np
 

@@ -193,10 +193,11 @@ class Conv2d(Function):
         self.weight, self.x_shape = weight, x.shape
         self.has_bias = bool(bias)
         self.direct = self.winograd = None
+        self.col2im = kernels.lookup("conv2d", x, step="col2im")
         if winograd_takes(weight.shape, stride, dilation, groups):
             steps = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
                      ("winograd_forward", "winograd_backward")]
-            if all(steps):  # stride-1 3x3 on many channels: no columns
+            if all(steps) and _all_finite(x):  # stride-1 3x3 on many channels: no columns
                 self.cols, self.winograd = None, steps[1]
                 out, self.winograd_saved = steps[0](x, weight, bias[0] if bias else None, pads,
                                                  out_hw)
@@ -204,7 +205,6 @@ class Conv2d(Function):
         if conv_direct_takes(weight.shape, stride):
             self.direct = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
                            ("direct_forward", "direct_weight_grad")]
-        self.col2im = kernels.lookup("conv2d", x, step="col2im")
         if self.direct and all(self.direct):  # few input channels: no columns
             self.cols = None
             self.xflat, self.wp = conv_direct.padded_flat(x, weight.shape[2:], pads, dilation,
@@ -221,7 +221,12 @@ class Conv2d(Function):
         gw = gx = gb = None
         if self.winograd:
             saved, self.winograd_saved = self.winograd_saved, None
-            gw, gx = self.winograd(g, saved, self.weight, pads, need[1], need[0])
+            if _all_finite(g):
+                gw, gx = self.winograd(g, saved, self.weight, pads, need[1], need[0])
+            else:  # the columns' inf and NaN, as a direct sum gives them
+                self.cols = columns(saved[0], self.weight.shape[2:], stride, pads, dilation,
+                                    g.shape[2:])
+                gw, gx = self._gemm_backward(g)
         elif self.direct:
             gw, gx = self._direct_backward(g)
         else:
@@ -256,6 +261,16 @@ class Conv2d(Function):
             gx = columns_grad(g_t, self.weight, self.x_shape, g.shape[2:], stride, pads,
                               dilation, self.col2im)
         return gw, gx
+
+
+def _all_finite(a):
+    """False when ``a`` holds an inf or a NaN (or its sum overflows: then the
+    caller only takes the slower path). Winograd's transforms add and
+    subtract inputs before the products, so an inf there turns into NaN
+    (inf - inf) where a direct sum, PyTorch's, gives inf: such inputs take
+    the columns' GEMM instead. One sum, no temporary: about 0.1 ms on
+    ResNet-18's largest activation."""
+    return bool(xp_of(a).isfinite(a.sum()))
 
 
 def _same_pads(kernel, dilation):
