@@ -194,7 +194,7 @@ def test_winograd_policy():
     assert not takes((16, 16, 3, 1), (1, 1), (1, 1), 1)
 
 
-def test_cupy_and_xp_mode_take_no_winograd(winograd_everywhere):
+def test_xp_mode_takes_no_winograd(winograd_everywhere):
     x = sn.tensor(np.ones((1, 2, 4, 4), np.float32), requires_grad=True)
     with sn.kernels.use("xp"):
         F.conv2d(x, sn.ones(2, 2, 3, 3), padding=1).sum().backward()
@@ -202,8 +202,8 @@ def test_cupy_and_xp_mode_take_no_winograd(winograd_everywhere):
 
 
 def test_transformed_weight_is_g_w_gt():
-    """U[4k + l, o, c] = (G w[o, c] Gᵀ)[k, l], and back: Gᵀ U G sums to the
-    adjoint (checked on one (o, c) by hand-built matrices)."""
+    """U[4k + l, o, c] = (G w[o, c] Gᵀ)[k, l] for every (o, c): the one
+    Kronecker GEMM against the 3x3 products it replaces."""
     rng = np.random.default_rng(4)
     w = rng.standard_normal((3, 2, 3, 3))
     u = winograd.transformed_weight(w)

@@ -117,9 +117,9 @@ TABLE = {
     # CIFAR conv1 (3->6 5x5, b64) forward 1.2-1.3 against 4.8-5.5 ms (columns +
     # GEMM), weight gradient 1.1-1.3 ms; depthwise 3x3 (32 channels, 16x16, b32)
     # 0.38 + 0.42-0.47 against 2.50 + 0.34 ms. Winograd (kernels/winograd.py,
-    # winograd_takes): ResNet-18's stride-1 3x3 layers forward + backward, 16
-    # channels at 32x32 b32, 12.9 against 21 ms; 32 at 16x16 9.2 against 14.5; 64 at
-    # 8x8 6.6 against 10.3 (CPU time, interleaved, loaded machine).
+    # winograd_takes): ResNet-18's stride-1 3x3 layers forward + backward, b32, 16
+    # channels at 32x32 10.4 against 20-22 ms on the columns' GEMM; 32 at 16x16 8.9
+    # against 12.7-13.6 (best of 11, the machine shared).
     "conv2d": Rule({"col2im": conv.col2im, "direct_forward": conv_direct.forward,
                     "direct_weight_grad": conv_direct.weight_grad,
                     "winograd_forward": winograd.forward,
