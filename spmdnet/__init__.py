@@ -18,6 +18,7 @@ from ._device import device, get_default_device, set_default_device
 from .amp import autocast
 from .serialization import load, save  # PyTorch's file format (serialization/)
 from .random import get_rng_state, initial_seed, manual_seed, set_rng_state
+from .random import Generator, default_generator, seed  # PyTorch's CPU stream (random/)
 from ._tensor import Tensor, get_default_dtype, set_default_dtype
 from .creation import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,
                        is_tensor, linspace, ones, ones_like, rand, rand_like, randint, randn,
@@ -42,6 +43,7 @@ from .ops.pointwise import round  # noqa: A004,F401 - sn.round: not in __all__
 from .ops.scan import cumprod, cumsum, flip, roll
 from .ops.arith import pow  # noqa: A004,F401 - sn.pow (task 23a): not in __all__
 from .ops.sampling import multinomial  # task 23a
+from .ops.sampling import bernoulli, normal  # PyTorch's draws (random/)
 from .ops.complex import angle, conj, polar, view_as_complex, view_as_real  # task 23a
 from .ops.complex import complex, imag, is_complex, real  # noqa: A004,F401 - not in __all__
 from .autograd.grad_mode import inference_mode, is_inference_mode_enabled  # task 23a
@@ -79,5 +81,6 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "sign", "floor", "ceil", "trunc"]
 __all__ += ["device", "get_default_device", "set_default_device", "cuda", "amp",
             "autocast", "backends", "accelerator", "save", "load"]  # task 24c
+__all__ += ["Generator", "default_generator", "seed", "bernoulli", "normal"]
 __all__ += ["multinomial", "polar", "view_as_real", "view_as_complex", "conj", "angle",
             "inference_mode", "is_inference_mode_enabled"]  # task 23a

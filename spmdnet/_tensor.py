@@ -19,6 +19,7 @@ import numpy as np
 from . import host_memory
 from ._tensor_str import tensor_repr
 from ._device import device_of_array
+from ._owned_storage import owner_of
 from .backend import asnumpy, is_cupy_array
 
 _default_dtype = [np.dtype(np.float32)]
@@ -48,6 +49,17 @@ def get_default_dtype():
     return _default_dtype[0]
 
 
+def _refuse_non_numeric(data, arr):
+    """A tensor holds numbers or bools: str, bytes, dicts, sets, None and other
+    objects raise TypeError, as PyTorch's constructors do."""
+    if arr.dtype.kind not in "biufc":
+        kind = type(data).__name__
+        if isinstance(data, (str, bytes)):
+            raise TypeError(f"new(): invalid data type '{kind}'")
+        raise TypeError(f"cannot make a tensor of {kind} data (NumPy reads it as "
+                        f"{arr.dtype}): a tensor holds numbers or bools")
+
+
 def _as_array(x, dtype=None):
     """An ndarray for x; arrays (and NumPy scalars, as in PyTorch) keep their
     dtype, Python lists/scalars take the default."""
@@ -58,6 +70,7 @@ def _as_array(x, dtype=None):
     if isinstance(x, np.ndarray) or is_cupy_array(x):
         return x if dtype is None else x.astype(dtype, copy=False)
     arr = np.asarray(x)
+    _refuse_non_numeric(x, arr)
     if dtype is None and arr.dtype.kind == "f":
         dtype = get_default_dtype()
     elif dtype is None and arr.dtype.kind == "c":  # PyTorch: complex64 beside float32
@@ -65,15 +78,22 @@ def _as_array(x, dtype=None):
     return arr if dtype is None else arr.astype(dtype, copy=False)
 
 
+# ``Tensor.backward`` runs the engine: spmdnet.autograd.engine builds on Tensor
+# and registers its ``backward`` here when it loads (``import spmdnet`` loads
+# it), so this module imports nothing above it, as torch.Tensor.backward calls
+# torch.autograd.backward.
+BACKWARD_ENGINE = [None]
+
+
 class Tensor:
     """An array with an optional gradient and the graph that produced it."""
 
     # ``array`` is the NumPy or CuPy array itself; ``data`` (below) is
-    # PyTorch's detached Tensor over it. ``_storage_owner`` is set (to a short
-    # description) only on tensors whose array a wrapper owns: left unset
-    # otherwise, so building a tensor costs nothing more.
-    __slots__ = ("array", "_grad", "grad_buffer", "_requires_grad", "_ctx", "_hooks",
-                 "_post_hooks", "_retain", "_storage_owner", "__weakref__")
+    # PyTorch's detached Tensor over it. What a parallel wrapper needs of a
+    # tensor lives outside it: where its gradient goes (autograd's
+    # ``grad_placement``), who owns its storage (``_owned_storage``).
+    __slots__ = ("array", "_grad", "_requires_grad", "_ctx", "_hooks",
+                 "_post_hooks", "_retain", "__weakref__")
     __array_priority__ = 1000  # ndarray OP Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False):
@@ -81,11 +101,6 @@ class Tensor:
             _apply_host_policy()
         self.array = _as_array(data)
         self._grad = None
-        # Preallocated home of this leaf's gradient: a Tensor whose .array is
-        # a view into a flat buffer (data parallelism's buckets). When .grad
-        # is None, backward writes the gradient into it (through ``out=``
-        # where the op supports it) and makes this same Tensor the .grad.
-        self.grad_buffer = None
         self._ctx = None
         self._hooks = None
         self._post_hooks = None
@@ -132,7 +147,7 @@ class Tensor:
         array = value.array if isinstance(value, Tensor) else value
         if array is self.array:
             return  # p.data *= c: the in-place op already wrote; nothing to rebind
-        owner = getattr(self, "_storage_owner", None)  # unset slot: no owner
+        owner = owner_of(self)
         if owner is not None:
             raise RuntimeError(f"cannot rebind .data of {owner}: the wrapper owns its "
                                "storage (a view into its flat buffer) and would go on using "
@@ -286,10 +301,7 @@ class Tensor:
 
     def backward(self, grad=None, retain_graph=False):
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
-        # spmdnet.autograd builds on Tensor (Function wraps outputs in Tensors):
-        # the one upward reference, so the one import that waits for its call.
-        from .autograd.engine import backward  # noqa: PLC0415 - autograd imports this module
-        backward(self, grad, retain_graph)
+        BACKWARD_ENGINE[0](self, grad, retain_graph)
 
 
 class _HookHandle:

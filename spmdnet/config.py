@@ -37,6 +37,9 @@ KNOBS = {
                               "as it is",
     "SPMDNET_EXIT_TIMEOUT_S": "seconds a rank that left the program waits for the others "
                               "to leave too before aborting the job (default 30; 0: no wait)",
+    "SPMDNET_LOAD_MAX_BYTES": "bytes one spmdnet.load may read into memory, counted from the "
+                              "sizes its records declare before any is read (default: the "
+                              "machine's physical memory; load(..., max_bytes=N) per call)",
 }
 
 
@@ -85,9 +88,22 @@ def _seconds(name, value):
     return number
 
 
+def get_bytes(name, default):
+    """A whole number of bytes >= 0; anything else raises ValueError naming
+    the variable and the value."""
+    value = get(name)
+    return default if value is None else _bytes(name, value)
+
+
+def _bytes(name, value):
+    if not value.strip().isdigit():
+        raise ValueError(f"{name}={value!r}: expected a whole number of bytes >= 0")
+    return int(value)
+
+
 _BOOL = ("1", "0", "true", "false", "yes", "no", "on", "off")
 # How each knob is checked up front: accepted values (lower case), "seconds",
-# or None (free text, such as a path).
+# "bytes", or None (free text, such as a path).
 CHECKS = {
     "SPMDNET_DEVICE": ("auto", "cpu", "gpu"),
     "SPMDNET_KERNELS": ("numba", "xp"),
@@ -101,6 +117,7 @@ CHECKS = {
     "SPMDNET_WATCHDOG_ABORT_S": "seconds",
     "SPMDNET_EXIT_TIMEOUT_S": "seconds",
     "SPMDNET_HOST_ALLOCATOR": ("retain", "system"),
+    "SPMDNET_LOAD_MAX_BYTES": "bytes",
 }
 assert set(CHECKS) == set(KNOBS), "every knob needs a check"
 
@@ -118,6 +135,8 @@ def check_environment(environ=None):
                           stacklevel=2)
         elif CHECKS[name] == "seconds":
             _seconds(name, value)
+        elif CHECKS[name] == "bytes":
+            _bytes(name, value)
         elif CHECKS[name] is not None and value.lower() not in CHECKS[name]:
             raise ValueError(f"{name}={value!r}: expected one of {', '.join(CHECKS[name])}")
 

@@ -6,7 +6,7 @@ Sizes are ``*size`` or one tuple; every function takes ``dtype=``,
 ``device=`` (``"cpu"``, ``"gpu"``; ``"cuda"`` is the GPU) and
 ``requires_grad=``. Floating results take the default dtype
 (``sn.set_default_dtype``), integer ``arange`` and ``randint`` are int64,
-as PyTorch. Random draws come from spmdnet's generator (``sn.manual_seed``).
+as PyTorch. Random draws on the CPU are PyTorch's (``spmdnet.random``).
 """
 import math
 
@@ -15,7 +15,8 @@ import numpy as np
 from ._args import resolve_device, resolve_dtype, scalar_dtype, shape_arg
 from ._tensor import Tensor, _as_array, get_default_dtype
 from .backend import require_cupy, to_device
-from .random import generator_for
+from . import random as sn_random
+from .random import distributions, generator_for
 
 
 def _xp(device):
@@ -138,34 +139,50 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     return _new(_xp(device).eye(n, n if m is None else m, dtype=_float(dtype)), requires_grad)
 
 
-def _draw(device, generator):
-    xp = _xp(device)
-    return xp, generator if generator is not None else generator_for(xp)
+def _host_generator(device, generator, where):
+    """The ``Generator`` a host draw takes, or None when ``device`` is a GPU
+    (CuPy's generator draws there)."""
+    if _xp(device) is not np:
+        if generator is not None:
+            raise ValueError(f"{where}: a generator= draws PyTorch's CPU stream; on device "
+                             f"{device!r} spmdnet draws from CuPy's generator (leave it None)")
+        return None
+    return sn_random.resolve(generator, where)
 
 
-def _floating_draw(method, size, generator, dtype, device, requires_grad):
-    dtype = _float(dtype)
-    xp, rng = _draw(device, generator)
-    if dtype.kind == "c":  # PyTorch: real and imaginary parts drawn apart; a normal's
-        part = np.dtype(np.float32 if dtype == np.complex64 else np.float64)  # variance 1
-        re, im = (getattr(rng, method)(shape_arg(size), dtype=part) for _ in range(2))
-        scale = math.sqrt(0.5) if method == "standard_normal" else 1.0
-        out = xp.empty(re.shape, dtype)
-        out.real, out.imag = re * scale, im * scale
-        return _new(out, requires_grad)
-    native = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
-    out = getattr(rng, method)(shape_arg(size), dtype=native)
-    return _new(out.astype(dtype, copy=False), requires_grad)
+def _floating_draw(kind, size, generator, dtype, device, requires_grad):
+    """``rand`` (kind "uniform") or ``randn`` ("normal") as PyTorch fills a
+    new tensor; complex dtypes fill the interleaved real and imaginary parts
+    (a normal's parts with variance 1/2)."""
+    dtype, shape = _float(dtype), shape_arg(size)
+    g = _host_generator(device, generator, "rand" if kind == "uniform" else "randn")
+    if g is None:
+        rng = generator_for(_xp(device))
+        method = rng.random if kind == "uniform" else rng.standard_normal
+        native = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        return _new(method(shape, dtype=native).astype(dtype, copy=False), requires_grad)
+    draw_dtype, draw_shape = dtype, shape
+    if dtype.kind == "c":
+        draw_dtype, draw_shape = np.dtype(np.float32 if dtype == np.complex64 else np.float64), \
+            shape + (2,)
+    if kind == "uniform":
+        out = distributions.uniform(g, draw_shape, 0.0, 1.0, draw_dtype)
+    else:
+        std = math.sqrt(0.5) if dtype.kind == "c" else 1.0
+        out = distributions.normal(g, draw_shape, 0.0, std, draw_dtype)
+    if dtype.kind == "c":
+        out = np.ascontiguousarray(out).view(dtype).reshape(shape)
+    return _new(out, requires_grad)
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    """Uniform on [0, 1) from spmdnet's generator."""
-    return _floating_draw("random", size, generator, dtype, device, requires_grad)
+    """Uniform on [0, 1): PyTorch's draws after the same seed (on the CPU)."""
+    return _floating_draw("uniform", size, generator, dtype, device, requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    """Standard normal from spmdnet's generator."""
-    return _floating_draw("standard_normal", size, generator, dtype, device, requires_grad)
+    """Standard normal: PyTorch's draws after the same seed (on the CPU)."""
+    return _floating_draw("normal", size, generator, dtype, device, requires_grad)
 
 
 def rand_like(input, dtype=None, device=None, requires_grad=False):  # noqa: A002
@@ -197,14 +214,18 @@ def randint(*args, size=None, low=None, high=None, generator=None, dtype=None, d
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
                            f"from={low} >= to={high}")
-    _, rng = _draw(device, generator)
-    out = rng.integers(low, high, size=shape_arg((size,)), dtype=np.int64)
+    g = _host_generator(device, generator, "randint")
+    if g is None:
+        out = generator_for(_xp(device)).integers(low, high, size=shape_arg((size,)))
+    else:
+        out = distributions.random_from_to(g, shape_arg((size,)), low, high)
     return _new(out.astype(_dtype(dtype, np.int64), copy=False), requires_grad)
 
 
 def randperm(n, generator=None, dtype=None, device=None, requires_grad=False):
-    """A random permutation of ``0..n-1`` (int64), drawn on the host."""
-    rng = generator if generator is not None else generator_for(np)
-    out = rng.permutation(int(n)).astype(_dtype(dtype, np.int64))
+    """A random permutation of ``0..n-1`` (int64), drawn on the host as
+    PyTorch's CPU ``randperm``."""
+    g = sn_random.resolve(generator, "randperm")
+    out = distributions.randperm(g, int(n)).astype(_dtype(dtype, np.int64))
     device = resolve_device(device)
     return _new(out if device in (None, "cpu") else to_device(out, device), requires_grad)

@@ -11,7 +11,7 @@ memory in the process heap, reused without faults, as PyTorch's users get
 from jemalloc or tcmalloc. Arrays above 32 MiB still use mmap.
 
 The policy changes the whole process, so ``import spmdnet`` does not apply
-it: the first Tensor (``_tensor.py``) or Module (``nn/module.py``) the
+it: the first Tensor (``_tensor.py``) or Module (``nn/modules/module.py``) the
 process makes does, through ``retain_freed_memory()``, which acts once.
 ``SPMDNET_HOST_ALLOCATOR=system`` leaves malloc as it was; other C libraries
 than glibc are left alone.

@@ -74,10 +74,63 @@ def command(n, *args, prefix=None):
 
 def run(n, *args, prefix=None, env=None, **kwargs):
     """``subprocess.run`` of ``command(n, *args)`` in ``job_env(**env)``;
-    keyword arguments go to ``subprocess.run`` (default: text output captured)."""
+    keyword arguments go to ``subprocess.run`` (default: text output captured).
+    Afterwards, MPICH's stale topology files are removed (``clean_topology_files``)."""
     kwargs = {"capture_output": True, "text": True, **kwargs}
-    return subprocess.run(command(n, *args, prefix=prefix), env=job_env(**(env or {})),
-                          **kwargs)
+    try:
+        return subprocess.run(command(n, *args, prefix=prefix), env=job_env(**(env or {})),
+                              **kwargs)
+    finally:
+        clean_topology_files()
+
+
+# MPICH's process manager (Hydra) writes the node's hwloc topology to
+# /tmp/hydra_hwloc_xmlfile_XXXXXX (a fixed path: TMPDIR is not read; no flag
+# or variable turns it off) the first time a rank asks for it in MPI_Init,
+# keeps it open and deletes it when its proxy exits normally. A job ended by
+# MPI_Abort or a signal kills the proxy first, and the file stays for good.
+TOPOLOGY_FILES = ("/tmp", "hydra_hwloc_xmlfile_")
+
+
+def stale_topology_files(directory=TOPOLOGY_FILES[0], prefix=TOPOLOGY_FILES[1]):
+    """This user's Hydra topology files in ``directory`` that no process holds
+    open any more (a running job's proxy keeps its own open)."""
+    base = Path(directory)
+    uid = os.getuid()
+    try:
+        candidates = [p for p in base.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return []
+    candidates = [p for p in candidates if _owned(p, uid)]
+    if not candidates:
+        return []
+    held = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                held.update(os.readlink(fd) for fd in (proc / "fd").iterdir())
+            except OSError:  # gone, or not ours
+                continue
+    return sorted(p for p in candidates if str(p) not in held)
+
+
+def _owned(path, uid):
+    try:
+        return path.is_file() and path.stat().st_uid == uid
+    except OSError:  # removed meanwhile
+        return False
+
+
+def clean_topology_files(directory=TOPOLOGY_FILES[0]):
+    """Remove ``stale_topology_files``; returns the paths removed."""
+    removed = []
+    for path in stale_topology_files(directory):
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            continue
+    return removed
 
 
 def run_child(n, script, *args):

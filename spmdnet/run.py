@@ -3,8 +3,15 @@ command line, started under MPI.
 
 torchrun's common flags are accepted (both ``--nproc-per-node`` and
 ``--nproc_per_node`` spellings); the job is ``mpiexec -n N python script.py
-args`` (the launcher rule of ``spmdnet.launch``), which replaces this
-process, so signals reach mpiexec and its exit status is the command's.
+args`` (the launcher rule of ``spmdnet.launch``), each rank under a small
+supervisor (``multiprocessing/lifeline.py``) that notes how it ended. This
+process forwards SIGINT/SIGTERM/SIGUSR1/SIGUSR2/SIGHUP to mpiexec and exits
+with its status; as torchrun, it ends the whole job as soon as one rank
+fails (a nonzero exit code or a signal), also before MPI started, where
+mpiexec alone would wait for that rank for ever: the rank's traceback is
+on stderr, followed by a line naming the rank, and the command exits with
+the rank's exit code (128 + N for signal N). If this process dies, the ranks
+end too.
 Each rank sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE`` when it imports spmdnet. One node: across nodes, start
 the job with ``srun`` or ``mpiexec`` directly (the rendezvous flags are
@@ -12,9 +19,17 @@ accepted and unused, MPI's launcher is the rendezvous).
 """
 import argparse
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 
 from . import launch
+from .multiprocessing import lifeline
+
+GRACE_S = 1.0  # after a rank fails, how long the others may take to report theirs
 
 _UNUSED = ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "master-addr",
            "master-port", "local-addr", "role", "log-dir", "redirects", "tee",
@@ -65,8 +80,9 @@ def nproc(value):
                      "auto, gpu or cpu")
 
 
-def command(args):
-    """The argv of the MPI job for parsed ``args``."""
+def command(args, folder=None):
+    """The argv of the MPI job for parsed ``args`` (with ``folder``: each rank
+    under the supervisor that notes its status there)."""
     nodes = str(args.nnodes)
     if nodes.split(":")[-1] != "1":
         raise SystemExit(f"spmdnet.run: --nnodes {nodes}: one node only; across nodes, start "
@@ -76,19 +92,70 @@ def command(args):
                          "supported; resume from a checkpoint instead")
     program = [args.script] if args.no_python else \
         [sys.executable, *(["-m"] if args.module else []), args.script]
-    return [*launch.launcher(), "-n", str(nproc(args.nproc_per_node)), *program,
-            *args.script_args]
+    supervisor = [] if folder is None else \
+        [sys.executable, lifeline.__file__, folder, str(os.getpid())]
+    return [*launch.launcher(), "-n", str(nproc(args.nproc_per_node)), *supervisor,
+            *program, *args.script_args]
+
+
+def _first_failure(folder):
+    """(rank, ("exit", code) or ("signal", n)) of the first rank that failed, or None."""
+    failed = [(os.path.getmtime(os.path.join(folder, f"status-{r}")), r, st)
+              for r, st in lifeline.read_statuses(folder).items() if st != ("exit", 0)]
+    return min(failed)[1:] if failed else None
+
+
+def _end(proc):
+    proc.terminate()  # mpiexec passes SIGTERM on to the ranks
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def supervise(proc, folder):
+    """Wait for the job; end it when a rank fails. Returns the exit status."""
+    failed_at = None
+    while proc.poll() is None:
+        if failed_at is None and _first_failure(folder):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+            _end(proc)
+            break
+        time.sleep(0.05)
+    else:  # the job ended by itself (every rank stopping with code 3, say): its status
+        return proc.wait()
+    failure = _first_failure(folder)
+    rank, (kind, value) = failure
+    what = (f"signal {signal.Signals(value).name}" if kind == "signal" and
+            value in signal.Signals._value2member_map_ else f"{kind} code {value}")
+    print(f"spmdnet.run: rank {rank} failed ({what}); "
+          "the other ranks were ended", file=sys.stderr, flush=True)
+    return 128 + value if kind == "signal" else value
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    argv = command(args)
     env = launch.job_env()
     for name in ("master_addr", "master_port"):
         if getattr(args, name) is not None:
             env[name.upper()] = str(getattr(args, name))
-    os.execve(argv[0], argv, env)
+    folder = tempfile.mkdtemp(prefix="spmdnet-run-")
+    try:
+        proc = subprocess.Popen(command(args, folder), env=env)
+
+        def forward(signum, frame):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        for name in lifeline.FORWARDED:
+            signal.signal(getattr(signal, name), forward)
+        return supervise(proc, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        launch.clean_topology_files()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

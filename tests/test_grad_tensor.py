@@ -3,11 +3,15 @@ into its .array in place; assigning an array or a Tensor works; the in-place
 methods change .array where it lives; hooks receive and return Tensors;
 clipping and optimizers read and write it. (DataParallel's bucket views:
 tests/mpi/test_grad_tensor_mpi.py.)"""
+import gc
+
 import numpy as np
 import pytest
 
 import spmdnet as sn
 from spmdnet import nn, optim
+from spmdnet.autograd import grad_placement
+from spmdnet.autograd.grad_placement import grad_home, has_placement, place_grad
 
 X = np.array([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]])
 B = np.array([10.0, -3.0, 0.25])
@@ -192,13 +196,52 @@ def test_optimizers_step_on_and_zero_tensor_grads(make):
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_grad_buffer_is_the_grad_tensor_backward_fills():
+def test_grad_placement_is_the_grad_tensor_backward_fills():
     p = nn.Parameter(np.zeros(3, np.float32))
     buf = np.zeros(5, np.float32)
     home = sn.Tensor(buf[1:4])
-    p.grad_buffer = home
+    place_grad(p, home)
     for step in range(3):
         p.grad = None
         (p * float(step + 1)).sum().backward()
         assert p.grad is home and np.shares_memory(p.grad.array, buf)
         np.testing.assert_array_equal(buf, [0, step + 1, step + 1, step + 1, 0])
+    place_grad(p, None)  # removed: the next gradient is a new array
+    p.grad = None
+    (p * 7.0).sum().backward()
+    assert p.grad is not home and not np.shares_memory(p.grad.array, buf)
+    np.testing.assert_array_equal(p.grad.array, [7, 7, 7])
+
+
+def test_a_callable_grad_placement_is_asked_when_the_gradient_arrives():
+    p, q = nn.Parameter(np.zeros(2)), nn.Parameter(np.zeros(2))
+    made = []
+
+    def home(leaf):  # storage made on demand, once per backward
+        if not made:
+            made.append(sn.Tensor(np.zeros(2)))
+        return made[0]
+    place_grad(p, home)
+    (p * 2.0 + q).sum().backward()
+    assert len(made) == 1 and p.grad is made[0] and q.grad is not made[0]
+    np.testing.assert_array_equal(p.grad.array, [2, 2])
+    assert grad_home(q) is None and not has_placement(q) and has_placement(p)
+    with pytest.raises(ValueError, match="shape"):
+        place_grad(q, sn.Tensor(np.zeros(3)))
+    with pytest.raises(RuntimeError, match="leaf"):
+        place_grad(p * 2.0, sn.Tensor(np.zeros(2)))
+
+
+def test_a_grad_placement_ends_with_its_leaf():
+    p = nn.Parameter(np.zeros(2))
+    place_grad(p, sn.Tensor(np.zeros(2)))
+    key = id(p)
+    del p
+    gc.collect()
+    assert key not in grad_placement._homes  # the registry holds no dead leaf
+
+
+def test_tensor_holds_no_wrapper_state():
+    # what wrappers need of a tensor (gradient placement, storage owner) lives outside it
+    assert set(sn.Tensor.__slots__) == {"array", "_grad", "_requires_grad", "_ctx", "_hooks",
+                                        "_post_hooks", "_retain", "__weakref__"}

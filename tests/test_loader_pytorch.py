@@ -125,11 +125,11 @@ def test_tensor_subset_concat_and_chain_datasets():
 
 
 def test_random_split_lengths_fractions_disjointness_and_errors():
-    parts = random_split(range(10), [0.33, 0.33, 0.34], generator=np.random.default_rng(0))
+    parts = random_split(range(10), [0.33, 0.33, 0.34], generator=torch.Generator().manual_seed(0))
     assert [len(p) for p in parts] == [4, 3, 3]  # floors 3, 3, 3; the remainder to the first
     assert sorted(i for p in parts for i in p) == list(range(10))
     assert [len(p) for p in random_split(range(11), [0.5, 0.5])] == [6, 5]
-    again = random_split(range(10), [0.33, 0.33, 0.34], generator=np.random.default_rng(0))
+    again = random_split(range(10), [0.33, 0.33, 0.34], generator=torch.Generator().manual_seed(0))
     assert [list(p) for p in again] == [list(p) for p in parts]
     with pytest.raises(ValueError, match=r"sum to 6, not to the dataset's length 10"):
         random_split(range(10), [3, 3])
@@ -142,14 +142,14 @@ def test_random_split_lengths_fractions_disjointness_and_errors():
 # -- samplers -------------------------------------------------------------------------
 def test_sequential_random_and_subset_random_orders():
     assert list(SequentialSampler(range(4))) == [0, 1, 2, 3]
-    rs = RandomSampler(range(50), generator=np.random.default_rng(1))
+    rs = RandomSampler(range(50), generator=torch.Generator().manual_seed(1))
     first, second = list(rs), list(rs)
     assert sorted(first) == sorted(second) == list(range(50)) and first != second
-    long = list(RandomSampler(range(7), num_samples=17, generator=np.random.default_rng(2)))
+    long = list(RandomSampler(range(7), num_samples=17, generator=torch.Generator().manual_seed(2)))
     assert len(long) == 17  # two whole permutations, then 3 distinct indices
     assert sorted(long[:7]) == sorted(long[7:14]) == list(range(7)) and len(set(long[14:])) == 3
     drawn = list(RandomSampler(range(3), replacement=True, num_samples=3000,
-                               generator=np.random.default_rng(3)))
+                               generator=torch.Generator().manual_seed(3)))
     counts = np.bincount(drawn, minlength=3)
     assert len(drawn) == 3000 and counts.min() > 900  # uniform: 1000 each, +-4 sigma
     assert sorted(SubsetRandomSampler([5, 9, 2])) == [2, 5, 9]
@@ -161,11 +161,11 @@ def test_sequential_random_and_subset_random_orders():
 
 
 def test_weighted_random_sampler_follows_the_weights():
-    s = WeightedRandomSampler([0.0, 1.0, 3.0], 4000, generator=np.random.default_rng(4))
+    s = WeightedRandomSampler([0.0, 1.0, 3.0], 4000, generator=torch.Generator().manual_seed(4))
     counts = np.bincount(list(s), minlength=3)
     assert counts[0] == 0 and abs(counts[2] / counts[1] - 3.0) < 0.4 and len(s) == 4000
     once = list(WeightedRandomSampler([1, 1, 1, 5], 4, replacement=False,
-                                      generator=np.random.default_rng(5)))
+                                      generator=torch.Generator().manual_seed(5)))
     assert sorted(once) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="replacement should be a boolean value"):
         WeightedRandomSampler([1, 2], 3, replacement=2)
@@ -250,7 +250,7 @@ def test_getitems_result_goes_to_collate_fn():
 
 def test_shuffle_is_a_random_permutation_per_epoch():
     ds = Items(20, lambda i: i)
-    loader = DataLoader(ds, batch_size=6, shuffle=True, generator=np.random.default_rng(0))
+    loader = DataLoader(ds, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(0))
     one = [i for b in loader for i in b.tolist()]
     two = [i for b in loader for i in b.tolist()]
     assert sorted(one) == sorted(two) == list(range(20)) and one != two
@@ -265,7 +265,7 @@ def test_batched_read_gives_what_per_item_collation_gives(make):
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((11, 2, 3)).astype(np.float32), np.arange(11) * 3
     ds = make(x, y)
-    sampler = RandomSampler(ds, generator=np.random.default_rng(7))
+    sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(7))
     fast = DataLoader(ds, batch_size=4, sampler=sampler, device="cpu")
     per_item = DataLoader(ds, batch_size=4, sampler=sampler, device="cpu",
                           collate_fn=lambda samples: default_collate(samples))
@@ -287,7 +287,8 @@ def test_token_dataset_batches_are_its_windows():
 def test_resume_mid_pass_with_a_random_sampler_replays_its_order():
     ds = Items(23, lambda i: i)
     for stop in range(1, 5):  # 5 batches: stopped inside the pass
-        loader = DataLoader(ds, batch_size=5, shuffle=True, generator=np.random.default_rng(9))
+        loader = DataLoader(ds, batch_size=5, shuffle=True,
+                            generator=torch.Generator().manual_seed(9))
         whole, state = [], None
         for k, b in enumerate(loader):
             whole.append(b.tolist())

@@ -79,7 +79,7 @@ def test_batches_equal_those_without_workers():
 
 def test_worker_info_and_per_worker_seeds():
     loader = DataLoader(WhoLoads(), batch_size=2, num_workers=2,
-                        generator=np.random.default_rng(5))
+                        generator=torch.Generator().manual_seed(5))
     batches = list(loader)
     ids = [b["id"].tolist() for b in batches]
     assert ids == [[0, 0], [1, 1], [0, 0], [1, 1]]  # tasks go round-robin, in order
@@ -90,7 +90,7 @@ def test_worker_info_and_per_worker_seeds():
         draws = [b[gen].tolist() for b in batches]
         assert draws[0] != draws[1]  # the two workers draw different streams
     again = list(DataLoader(WhoLoads(), batch_size=2, num_workers=2,
-                            generator=np.random.default_rng(5)))
+                            generator=torch.Generator().manual_seed(5)))
     assert [b["numpy"].tolist() for b in again] == [b["numpy"].tolist() for b in batches]
 
 

@@ -175,9 +175,11 @@ def test_seed_fixes_the_values_and_generator_argument():
     sn.manual_seed(7)
     b = init.kaiming_normal_(fresh((20, 10))).numpy()
     np.testing.assert_array_equal(a, b)
-    g1, g2 = np.random.default_rng(3), np.random.default_rng(3)
+    g1, g2 = sn.Generator().manual_seed(3), sn.Generator().manual_seed(3)
     np.testing.assert_array_equal(init.uniform_(fresh((5, 5)), generator=g1).numpy(),
                                   init.uniform_(fresh((5, 5)), generator=g2).numpy())
+    with pytest.raises(TypeError, match="spmdnet.Generator"):
+        init.uniform_(fresh((2,)), generator=np.random.default_rng(3))
 
 
 def test_zero_element_kaiming_is_a_no_op_with_a_warning():

@@ -13,7 +13,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.nn.functional as F
 from spmdnet import nn
-from spmdnet.nn.containers import MANAGED_BY
+from spmdnet.nn.modules.container import MANAGED_BY
 from spmdnet.utils.data.hdf5 import HDF5Dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

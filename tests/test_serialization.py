@@ -4,7 +4,6 @@ PyTorch's layout (storages shared, views with offsets and strides), and a file
 whose pickle names any other global is refused before anything from it runs."""
 import io
 import pickle
-import warnings
 import zipfile
 from fractions import Fraction
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 import spmdnet as sn
-from spmdnet.serialization import _format, loading
+from spmdnet.serialization import _format
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torch_files"
 
@@ -111,26 +110,25 @@ def test_every_dtype_and_the_plain_values_from_pytorch():
                             "pair": (1, [2.0, "x"])}
 
 
-def test_bfloat16_loads_widened_exactly_and_says_so_once(monkeypatch):
-    monkeypatch.setattr(loading, "_said", set())
-    with pytest.warns(UserWarning, match="bfloat16"):
-        data = sn.load(FIXTURES / "bfloat16.pt")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        sn.load(FIXTURES / "bfloat16.pt")
-    expected = _expected("bfloat16")
-    _same(data["w"], expected["w"])
-    _same(data["w_view"], expected["w_view"])
+def test_bfloat16_loads_as_bfloat16_bit_for_bit():
+    data = sn.load(FIXTURES / "bfloat16.pt")
+    expected = _expected("bfloat16")  # the exact values, as float32
+    for name in ("w", "w_view"):
+        assert data[name].dtype == sn.bfloat16
+        np.testing.assert_array_equal(data[name].array.astype(np.float32), expected[name])
     assert np.shares_memory(data["w"].array, data["w_view"].array)
-    # 3.140625 is a bfloat16 (8 significant bits): widening is exact
-    assert data["w"].array[2] == np.float32(3.140625)
+    assert data["w"].array[2] == np.float32(3.140625)  # a bfloat16 (8 significant bits)
 
 
-def test_bfloat16_widening_is_exact_for_every_bit_pattern():
+def test_bfloat16_round_trips_every_bit_pattern():
+    """Every bfloat16 (NaNs, infinities, subnormals) saved and loaded: the
+    same 16 bits; and widened to float32, the float32 with those top bits."""
     raw = np.arange(2**16, dtype=np.uint16)
-    wide = _format.bfloat16_to_float32(raw)
-    back = (wide.view(np.uint32) >> 16).astype(np.uint16)
-    assert np.array_equal(back, raw)  # every pattern maps to the float32 with the same top bits
+    back = _round_trip(sn.tensor(raw.view(sn.bfloat16)))
+    assert back.dtype == sn.bfloat16
+    assert np.array_equal(back.array.view(np.uint16), raw)
+    wide = back.array.astype(np.float32)
+    assert np.array_equal((wide.view(np.uint32) >> 16).astype(np.uint16), raw)
 
 
 def _round_trip(obj, **load_args):

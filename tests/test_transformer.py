@@ -12,7 +12,7 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import nn
 from spmdnet.autograd.finite_differences import central_differences
-from spmdnet.nn.transformer import _detect_is_causal
+from spmdnet.nn.modules.transformer import _detect_is_causal
 
 RNG = np.random.default_rng(0)
 E, HEADS, FF = 8, 2, 12

@@ -1,22 +1,28 @@
 """PyTorch's mixed precision API (``torch.amp``): ``autocast`` and
 ``GradScaler``, as far as spmdnet honestly goes.
 
-spmdnet computes in the dtype of its tensors; it has no lower-precision
-autocast yet. So:
+CPU autocast to bfloat16 (``autocast("cpu")``, ``dtype`` bfloat16, PyTorch's
+CPU default) runs as PyTorch's: matrix products, linear layers and
+convolutions take bfloat16-rounded inputs and return bfloat16, the losses
+compute in float32, the rest in their inputs' dtypes (``spmdnet/_precision.py``
+holds the op lists and the per-op float32-and-round rule). Otherwise:
 
 - ``enabled=False`` behaves exactly as PyTorch's disabled objects (the
   context runs its block unchanged, the scaler passes losses and steps
   through, ``get_scale()`` is 1.0, ``state_dict()`` is empty);
 - where PyTorch disables them itself (``"cuda"`` without a GPU) they are
   disabled with PyTorch's warning text;
-- where PyTorch would really compute in lower precision (CPU bfloat16
-  autocast, CUDA autocast on a GPU) or scale float16 gradients, they raise
+- where PyTorch would compute in float16 (CPU autocast to float16, CUDA
+  autocast on a GPU) or scale float16 gradients, they raise
   NotImplementedError: a silent no-op would pretend to save memory and time.
 """
 import functools
 import warnings
 
-from .. import backend
+import numpy as np
+
+from .. import _precision, backend
+from ..dtypes import bfloat16
 
 DEVICE_TYPES = ("cpu", "cuda")
 _CUDA_AUTOCAST_OFF = "CUDA is not available or torch_xla is imported. Disabling autocast."
@@ -37,8 +43,22 @@ def is_autocast_available(device_type):
 
 
 def is_autocast_enabled(device_type=None):
-    """Always False: no spmdnet autocast ever computes in lower precision."""
-    return False
+    """Whether an enabled autocast block for ``device_type`` (default
+    ``"cuda"``, as PyTorch's no-argument form) is running: only CPU autocast
+    to bfloat16 ever is."""
+    device = _device_type(device_type or "cuda", "is_autocast_enabled")
+    return _precision.autocast_dtype(device) is not None
+
+
+def get_autocast_dtype(device_type):
+    """The dtype autocast for ``device_type`` computes in: the innermost
+    enabled block's, else PyTorch's default (bfloat16 on the CPU, float16 on
+    CUDA)."""
+    device = _device_type(device_type, "get_autocast_dtype")
+    dtype = _precision.autocast_dtype(device)
+    if dtype is not None:
+        return dtype
+    return bfloat16 if device == "cpu" else np.dtype(np.float16)
 
 
 class autocast:  # noqa: N801 - PyTorch's name
@@ -54,17 +74,23 @@ class autocast:  # noqa: N801 - PyTorch's name
             warnings.warn(_CUDA_AUTOCAST_OFF, UserWarning, stacklevel=2)
             self._enabled = False
         if self._enabled:
-            precision = dtype if dtype is not None else (
-                "bfloat16" if self.device == "cpu" else "float16")
-            raise NotImplementedError(
-                f"autocast({self.device!r}) would compute in {precision}, and spmdnet has "
-                "no lower-precision autocast yet: run in float32 (pass enabled=False, or "
-                "drop the autocast block)")
+            precision = np.dtype(dtype) if dtype is not None else (
+                bfloat16 if self.device == "cpu" else np.dtype(np.float16))
+            if self.device != "cpu" or precision != bfloat16:
+                raise NotImplementedError(
+                    f"autocast({self.device!r}) would compute in {precision}, and spmdnet's "
+                    "autocast computes in bfloat16 on the CPU only: run in float32 (pass "
+                    "enabled=False, or drop the autocast block)")
+            self.fast_dtype = precision
 
     def __enter__(self):
+        # a disabled block inside an enabled one turns autocast off for its ops
+        _precision.autocast_state.append((self.device,
+                                          self.fast_dtype if self._enabled else None))
         return self
 
     def __exit__(self, *exc):
+        _precision.autocast_state.pop()
         return False
 
     def __call__(self, fn):

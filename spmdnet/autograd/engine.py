@@ -10,7 +10,9 @@ Hooks for data parallelism (PyTorch's names):
 
 Inside the engine gradients are plain arrays; ``.grad`` is a Tensor, made
 once per leaf and then accumulated into in place (``grad.array += g``), so a
-``.grad`` whose data is a bucket view stays one.
+``.grad`` whose data is a view into a flat buffer stays one. Where a leaf's
+first gradient goes is the leaf's placement (``grad_placement``: a home
+Tensor some wrapper chose), else a new Tensor.
 - ``queue_callback(fn)``: called during a backward, runs ``fn()`` once that
   backward has finished (before ``backward()`` returns).
 """
@@ -19,8 +21,10 @@ import weakref
 
 import numpy as np
 
+from .. import _tensor
 from .._tensor import Tensor, _as_array
 from ..backend import xp_of
+from .grad_placement import grad_home
 
 _callbacks = threading.local()
 
@@ -206,12 +210,15 @@ def _added_into_parent(ctx, g, grads, shared):
 
 
 def _destination(parent, grads, pending):
-    """The leaf's grad_buffer array when this edge delivers its only gradient."""
-    home = parent.grad_buffer
-    if home is None or parent._ctx is not None or parent._grad is not None or parent._hooks:
+    """The array of the leaf's gradient placement when this edge delivers
+    its only gradient (the op may write it there directly)."""
+    if parent._ctx is not None or parent._grad is not None or parent._hooks:
         return None
     key = id(parent)
-    return home.array if pending.get(key) == 1 and key not in grads else None
+    if pending.get(key) != 1 or key in grads:
+        return None
+    home = grad_home(parent)
+    return None if home is None else home.array
 
 
 def _check_grad(ctx, parent, pg):
@@ -227,10 +234,10 @@ def _check_grad(ctx, parent, pg):
 
 def _accumulate(t, g, must_copy):
     """Add the array g into t.grad in place (keeping views into flat buffers
-    valid); a leaf with a ``grad_buffer`` gets that same Tensor as its .grad."""
+    valid); a leaf with a gradient placement gets its home Tensor as .grad."""
     grad = t._grad
     if grad is None:
-        home = t.grad_buffer
+        home = grad_home(t)
         if home is not None:
             if g is not home.array:
                 home.array[...] = g
@@ -241,3 +248,6 @@ def _accumulate(t, g, must_copy):
         grad.array += g
     for hook in t._post_hooks or ():
         hook(t)
+
+
+_tensor.BACKWARD_ENGINE[0] = backward  # Tensor.backward's engine (see _tensor.py)

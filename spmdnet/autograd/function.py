@@ -1,5 +1,6 @@
 """The Function base class: one differentiable operation of the graph."""
 
+from .. import _precision
 from .._tensor import Tensor
 from .grad_mode import is_grad_enabled
 
@@ -28,7 +29,8 @@ class Function:
         ctx = cls()
         record = is_grad_enabled() and any(t.requires_grad for t in inputs)
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs) if record else ()
-        result = Tensor(ctx.forward(*[t.array for t in inputs], **kwargs))  # scalars: 0-d
+        # scalars: 0-d; bfloat16 and autocast: computed in float32, rounded (_precision.py)
+        result = Tensor(_precision.forward(ctx, [t.array for t in inputs], kwargs))
         if record:
             result._requires_grad = True
             result._ctx = ctx

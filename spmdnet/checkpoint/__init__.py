@@ -10,12 +10,15 @@ all of them. Every array carries a checksum; NaN/Inf are refused.
 
 ``path`` may be a directory: checkpoints are then ``ckpt-<step>.h5`` inside
 it, the file ``latest`` names the newest complete one, and only the newest
-``keep`` are kept. ``resume`` continues a training run from it.
+``keep`` are kept. ``resume`` continues a training run from it, at any
+data-parallel size (the state is resharded), never from scratch over
+checkpoints it cannot use.
 
 Modules, bottom-up:
   files      atomic whole-file writes, temporaries, free space, the probe
   integrity  checksums and NaN/Inf checks of the arrays
   h5format   the HDF5 file: model, optimizer and meta, one group per rank when sharded
+  resharding loading at another world size: same tp and pp, any data-parallel size
   state      this rank's model/optimizer state, the world layout, fitting a model
   directory  ckpt-<step>.h5 files, ``latest``, rotation, newest that verifies
   writing    save_checkpoint (collective)

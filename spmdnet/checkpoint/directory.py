@@ -2,8 +2,9 @@
 ``latest`` naming the newest complete one, the newest ``keep`` kept (and the
 newest one this process loaded cleanly, so a resume never loses its base),
 a resume that skips a newest file that does not verify (on any rank, every
-rank's part of a sharded file, chosen alike by all ranks), and a probe of
-the directory before training starts.
+rank's part of a sharded file, chosen alike by all ranks) but stops at an
+intact one of another layout, and a probe of the directory before training
+starts.
 """
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from .. import distributed as dist
 from ..errors import CheckpointError
 from . import files, h5format
+from .resharding import LayoutMismatch
 
 LATEST = "latest"
 loaded_cleanly = {}  # checkpoint directory -> the newest file this process loaded
@@ -76,23 +78,33 @@ def newest_verified(directory, allow_nonfinite=False):
 
 def agreed_newest(directory, comm, rank=None, allow_nonfinite=False):
     """The newest checkpoint of ``directory`` that verifies on every rank of
-    ``comm`` (collective): each rank reads its own part (``rank``; None: the
-    whole unsharded state), the ranks agree on each candidate in turn, and
-    the same one is chosen everywhere. Returns (path or None, this rank's
-    ``h5format.read`` result, [skipped: "file: rank r: reason"]); rank 0 logs
-    each skipped file. DistributedError when the ranks see different files
-    (a directory not shared by all ranks)."""
+    ``comm`` (collective): each rank reads its own part (``rank``, as
+    ``h5format.read`` takes it; None: the whole unsharded state), the ranks
+    agree on each candidate in turn, and the same one is chosen everywhere.
+    Returns (path or None, this rank's ``h5format.read`` result, [skipped:
+    "file: rank r: reason"]); rank 0 logs each skipped file. A damaged file
+    (on any rank) is skipped; an intact one of another tensor/pipeline layout
+    is not damage: LayoutMismatch on every rank, never a fall back to an
+    older file. DistributedError when the ranks see different files (a
+    directory not shared by all ranks)."""
     names = dist.check_same(comm, [str(p) for p in candidates(directory)],
                             f"the checkpoints in {directory}")
     skipped = []
     for name in names:
         try:
             contents, reason = h5format.read(name, rank, allow_nonfinite), None
+        except LayoutMismatch as exc:
+            contents, reason = None, ("layout", str(exc))
         except CheckpointError as exc:
-            contents, reason = None, str(exc)
+            contents, reason = None, ("damaged", str(exc))
         with dist.guarded("allgather(checkpoint verified)", comm):
             reasons = comm.allgather(reason)
-        failed = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
+        mismatch = next((why for why in reasons if why is not None and why[0] == "layout"), None)
+        if mismatch is not None:
+            raise LayoutMismatch(f"{mismatch[1]}. Checkpoint directory {directory}: to start "
+                                 "a new run instead, use another directory (or move its "
+                                 "checkpoints away)")
+        failed = [f"rank {r}: {why[1]}" for r, why in enumerate(reasons) if why is not None]
         if not failed:
             return Path(name), contents, skipped
         skipped.append(f"{name}: " + "; ".join(failed))

@@ -5,8 +5,10 @@ state as ``optimizer/<index or name>/<key>`` datasets with its param_groups
 as the JSON attribute ``optimizer_groups``, and the JSON attribute ``meta``
 (format, version, step, world layout, RNG states, sampler/loader/scheduler
 state, ``extra``). A sharded checkpoint (tensor or pipeline parallel) holds
-one such group per rank, ``rank<r>/``. The attribute ``complete`` is set
-last: a file without it is incomplete.
+one such group per rank, ``rank<r>/``, with the JSON attribute
+``model_names`` (its model state's names): a file missing any rank's part,
+or any array of one, is damaged. The attribute ``complete`` is set last: a
+file without it is incomplete.
 """
 import functools
 import io
@@ -35,6 +37,8 @@ def file_image(states, meta):
     with _h5py().File(image, "w") as f:
         for r, (model_state, optimizer_state) in enumerate(states):
             group = f if len(states) == 1 else f.create_group(f"rank{r}")
+            if len(states) > 1:
+                group.attrs["model_names"] = json.dumps(sorted(model_state))
             for name, array in model_state.items():
                 put(group, f"model/{name}", array)
             if optimizer_state is not None:
@@ -64,7 +68,10 @@ def write_optimizer(group, state):
 def read(path, rank=None, allow_nonfinite=False):
     """(meta, model state, optimizer state or None) from the file, every array
     checked against its checksum; ``rank`` selects that rank's part of a
-    sharded checkpoint. Raises CheckpointError saying what is wrong."""
+    sharded checkpoint, or is a function of (meta, path) returning the part
+    (None: the root) or raising (``resharding.part_selector``). A sharded
+    file missing any rank's part is damaged. Raises CheckpointError saying
+    what is wrong."""
     if not Path(path).exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -96,6 +103,9 @@ def _read_open_file(f, path, rank, allow_nonfinite):
     if not f.attrs.get("complete", False) or "meta" not in f.attrs:
         raise CheckpointError(f"checkpoint {path} is incomplete (no completion mark)")
     meta = json.loads(f.attrs["meta"])
+    if callable(rank):
+        rank = rank(meta, path)
+    _check_every_part(f, path, meta)
     group = f if rank is None else f.get(f"rank{rank}")
     if group is None:
         raise CheckpointError(f"checkpoint {path} holds no state for rank {rank}")
@@ -107,6 +117,28 @@ def _read_open_file(f, path, rank, allow_nonfinite):
     if "optimizer_groups" in group.attrs:
         optimizer_state = read_optimizer(group, checked)
     return meta, model_state, optimizer_state
+
+
+def _check_every_part(f, path, meta):
+    """CheckpointError unless a sharded file holds the part of every rank
+    of its layout, each with every model array its ``model_names`` lists
+    (files written before ``model_names`` are checked for the parts only)."""
+    layout = meta.get("layout") or {}
+    if layout.get("tp", 1) * layout.get("pp", 1) == 1:
+        return
+    size = int(layout.get("size", 0))
+    missing = [r for r in range(size) if f"rank{r}" not in f]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is damaged: it holds no part for ranks "
+                              f"{missing} of the {size} that wrote it")
+    for r in range(size):
+        group = f[f"rank{r}"]
+        names = json.loads(group.attrs.get("model_names", "[]"))
+        absent = [n for n in names if "model" not in group or n not in group["model"]]
+        if absent:
+            raise CheckpointError(f"checkpoint {path} is damaged: the part of rank {r} lacks "
+                                  f"the arrays {absent[:4]}"
+                                  + (f" and {len(absent) - 4} more" if len(absent) > 4 else ""))
 
 
 def get(ds, path, allow_nonfinite):

@@ -14,7 +14,7 @@ from .. import distributed as dist
 from .. import random as sn_random
 from ..errors import CheckpointError
 from ..optim.optimizer import Optimizer
-from . import directory, h5format, state
+from . import directory, h5format, resharding, state
 
 
 def load_checkpoint(path, model, optimizer=None, *, sampler=None, loader=None, scheduler=None,
@@ -23,14 +23,15 @@ def load_checkpoint(path, model, optimizer=None, *, sampler=None, loader=None, s
     dict with ``step`` added. Raises CheckpointError on every rank when the
     file is missing, incomplete, corrupt (an array fails its checksum), holds
     NaN/Inf (unless ``allow_nonfinite``) or does not fit the model, optimizer
-    or world, before anything is loaded.
+    or world (another tp or pp; another data-parallel size is resharded, see
+    ``resharding``), before anything is loaded.
     ``path`` may be a directory: its newest checkpoint that verifies on every
     rank (each rank's part of a sharded one), the same on all ranks; the
     skipped ones are named in a warning on rank 0.
     ``sampler``, ``loader`` and ``scheduler`` get their saved state back
     (when the checkpoint holds one)."""
     comm = dist.comm_or_default(comm)
-    rank = comm.Get_rank() if state.is_sharded(mesh) else None
+    rank = resharding.part_selector(comm, mesh)
     if dist.check_same(comm, Path(path).is_dir(), f"whether {path} is a directory"):
         found, contents, skipped = directory.agreed_newest(path, comm, rank, allow_nonfinite)
         if found is None:  # the same answer on every rank
@@ -57,18 +58,24 @@ def load_contents(path, contents, model, optimizer=None, *, sampler=None, loader
         steps = comm.allgather(meta["step"])
     if len(set(steps)) != 1:
         raise CheckpointError(f"ranks loaded different steps from {path}: {steps}")
-    error = None
+    error, positions = None, {}
     try:  # every rank runs these checks: check_fits gathers an FSDP model's state
         state.check_fits(path, meta, model_state, model, comm, mesh)
         check_optimizer_state(path, model, optimizer, optimizer_state)
+        for component, key in ((sampler, "sampler"), (loader, "loader")):
+            if component is not None:  # a position in this world's shares
+                positions[key] = resharding.remap_position(path, meta.get(key), component)
     except Exception as exc:  # agreed below, so no rank restores alone
         error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
     _raise_if_any_failed(error, comm)
     state.restore(path, model, optimizer, model_state, optimizer_state)
-    sn_random.set_rng_state(meta["rng"][comm.Get_rank()])
+    rng = resharding.rng_state_for(meta, comm, mesh)
+    if rng is not None:  # else a rank the resize added: it keeps its own state
+        sn_random.restore(rng)
+    positions["scheduler"] = meta.get("scheduler") if scheduler is not None else None
     for component, key in ((sampler, "sampler"), (loader, "loader"), (scheduler, "scheduler")):
-        if component is not None and meta.get(key) is not None:
-            component.load_state_dict(meta[key])
+        if component is not None and positions.get(key) is not None:
+            component.load_state_dict(positions[key])
     directory.remember_loaded(path)
     return dict(meta["extra"], step=meta["step"])
 

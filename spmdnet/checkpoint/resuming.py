@@ -16,7 +16,8 @@ exit code 3 make a run that Slurm can requeue.
 import json
 
 from .. import distributed as dist
-from . import state
+from ..errors import CheckpointError
+from . import resharding
 from .directory import agreed_newest
 from .reading import load_contents
 
@@ -25,7 +26,13 @@ def resume(path, model, optimizer=None, *, scheduler=None, loader=None, sampler=
            options=None, comm=None, mesh=None):
     """Continue from the newest checkpoint in the directory ``path``
     (collectively); returns its ``extra`` dict (with ``step``), or None when
-    ``path`` is None or holds no checkpoint that verifies (a new run).
+    ``path`` is None or holds no checkpoint (a new run).
+
+    Another data-parallel size than the saved run's is resharded (see
+    ``resharding``). A run never starts from scratch over checkpoints it
+    cannot use: CheckpointError on every rank, naming the directory and why,
+    when the newest intact checkpoint was written with another tp or pp, or
+    when none verifies. To start a new run then, use another directory.
 
     ``options`` (a JSON-able dict, saved by ``save_checkpoint(...,
     options=...)``) must equal the saved ones: a difference raises ValueError
@@ -37,8 +44,12 @@ def resume(path, model, optimizer=None, *, scheduler=None, loader=None, sampler=
     comm = dist.comm_or_default(comm)
     if path is None:
         return None
-    rank = comm.Get_rank() if state.is_sharded(mesh) else None
-    found, contents, _ = agreed_newest(path, comm, rank)
+    found, contents, skipped = agreed_newest(path, comm, resharding.part_selector(comm, mesh))
+    if found is None and skipped:  # the same on every rank
+        raise CheckpointError(
+            f"none of the {len(skipped)} checkpoints in checkpoint directory {path} verifies "
+            f"on every rank: {'; '.join(skipped)}. Not starting from scratch over them: "
+            "restore a good checkpoint into it, or use another directory to start a new run")
     if found is None:
         return None
     if options is not None:  # the same meta on every rank: all raise alike

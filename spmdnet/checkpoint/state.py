@@ -5,14 +5,17 @@ layout it was written by, and the check that a checkpoint fits a model.
 With data parallelism only, every rank holds the same model and optimizer
 state and rank 0's is saved. With a ``mesh`` whose tensor- or pipeline-
 parallel size is above 1, ranks hold different parts: every rank's state is
-gathered to rank 0 and saved under ``rank<r>/``, and only the same layout can
-load it (use ``parallel.gather_state_dict`` to export a serial model). An
-FSDP model saves its full state and ``fsdp.optim_state_dict`` (every rank's
-optimizer shards gathered, keyed by parameter name); loading shards them.
+gathered to rank 0 and saved under ``rank<r>/``, and only the same tp and pp
+can load it, at any data-parallel size (``resharding``; use
+``parallel.gather_state_dict`` to export a serial model). An FSDP model
+saves its full state and ``fsdp.optim_state_dict`` (every rank's optimizer
+shards gathered, keyed by parameter name); loading shards them for the
+loading job's world size.
 """
 import numpy as np
 
 from ..errors import CheckpointError
+from . import resharding
 
 
 def unwrap(model):
@@ -64,16 +67,11 @@ def parameter_names(model, optimizer):
 
 
 def check_fits(path, meta, model_state, model, comm, mesh):
-    """Raise CheckpointError unless the checkpoint was written by this world
-    layout and holds exactly the model's names and shapes."""
+    """Raise CheckpointError unless the checkpoint was written with this
+    job's tp and pp (any data-parallel size: ``resharding``) and holds
+    exactly the model's names and shapes."""
     step = meta.get("step")
-    own_layout = layout(comm, mesh)
-    if meta.get("layout") != own_layout:
-        raise CheckpointError(f"checkpoint {path} (step {step}) was written by world layout "
-                              f"{meta.get('layout')}, this job is {own_layout}")
-    if len(meta.get("rng", [])) != comm.Get_size():
-        raise CheckpointError(f"checkpoint {path} (step {step}) holds RNG states of "
-                              f"{len(meta.get('rng', []))} ranks, this job has {comm.Get_size()}")
+    resharding.check_layout(path, meta, comm, mesh)
     own = unwrap(model).state_dict()
     saved = {name: np.shape(value) for name, value in model_state.items()}
     missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))

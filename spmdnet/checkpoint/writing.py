@@ -24,7 +24,7 @@ def save_checkpoint(path, model, optimizer=None, *, sampler=None, loader=None, s
     saves in the directory are removed first (see ``files``)."""
     comm = dist.comm_or_default(comm)
     with dist.guarded("gather(checkpoint RNG states)", comm):
-        rng_states = comm.gather(sn_random.get_rng_state(), root=0)
+        rng_states = comm.gather(sn_random.snapshot(), root=0)
     states = [state.local_states(model, optimizer)]
     if state.is_sharded(mesh):
         with dist.guarded("gather(checkpoint shards)", comm):

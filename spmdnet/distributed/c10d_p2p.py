@@ -8,13 +8,18 @@ Collectives called with ``async_op=True`` complete before they return and
 give a ``Work`` that is already completed (PyTorch allows that: ``wait()``
 is then a no-op).
 """
+import datetime
+import time
+
 import numpy as np
 
 from .. import backend
+from ..errors import DistributedError
 from .c10d import as_group, member
 from .collectives import to_host, tensor_array
 from .guard import guarded
 from ._mpi import mpi
+from .runtime import rank_label
 
 
 class Work:
@@ -32,12 +37,31 @@ class Work:
         return self._done
 
     def wait(self, timeout=None):
-        """Block until the operation has finished; returns True."""
+        """Block until the operation has finished; returns True. With
+        ``timeout`` (a timedelta or seconds), a RuntimeError
+        (DistributedError) after that long, as PyTorch's; the operation
+        stays pending (``wait()`` again, or ``is_completed()``)."""
         if not self._done:
+            seconds = _seconds(timeout)
             with guarded(self._label, self._comm, peer=self._peer):
-                self._request.Wait()
+                if seconds is None:
+                    self._request.Wait()
+                else:
+                    self._wait_until(time.monotonic() + seconds, seconds)
             self._complete()
         return True
+
+    def _wait_until(self, deadline, seconds):
+        pause = 1e-5
+        while not self._request.Test():
+            if time.monotonic() >= deadline:
+                kind = "recv" if self._label.startswith("irecv") else "send"
+                raise DistributedError(
+                    f"Timed out waiting {seconds * 1000:.0f}ms for {kind} operation to "
+                    f"complete: {self._label} on rank {rank_label()} (the peer has not "
+                    f"{'sent' if kind == 'recv' else 'received'} it)")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     def _complete(self):
         self._done = True
@@ -56,6 +80,17 @@ class Work:
 
     def __repr__(self):
         return f"Work({self._label or 'collective'}, completed={self._done})"
+
+
+def _seconds(timeout):
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0:
+        return float(timeout)
+    raise TypeError(f"Work.wait: timeout must be a datetime.timedelta or seconds >= 0, "
+                    f"got {timeout!r}")
 
 
 def completed(*tensors):

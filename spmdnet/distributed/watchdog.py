@@ -6,7 +6,8 @@ other ranks on a private communicator, and watches only its own pending
 collective (``guard.state``): work outside collectives (compiling, rank-0-only
 data conversion) is never timed. Past the first limit it asks every rank and
 prints one report naming the collective, its sequence number, the call site
-and the ranks that have not arrived (with what they are doing); past
+and the ranks that have not arrived, with their hosts (a lost node is named)
+and what they are doing; past
 ``SPMDNET_WATCHDOG_ABORT_S`` (default twice the first limit: 600 s, PyTorch's
 collective timeout) it aborts the job with that report. It needs
 MPI_THREAD_MULTIPLE (mpi4py asks for it); where MPI grants less, ``start``
@@ -72,12 +73,24 @@ def query(comm, ranks, timeout=2.0):
     return states
 
 
+def on_hosts(ranks, hosts):
+    """``[2, 3] on host b`` (``hosts``: every rank's host name)."""
+    names = sorted({hosts[r] for r in ranks}) if hosts else []
+    if not names:
+        return f"{ranks}"
+    if len(names) == 1:
+        return f"{ranks} on host {names[0]}"
+    return f"{ranks} on hosts " + ", ".join(
+        f"{n} ({[r for r in ranks if hosts[r] == n]})" for n in names)
+
+
 class Watchdog(threading.Thread):
-    def __init__(self, comm, limit_s, abort_s, poll_s=0.1):
+    def __init__(self, comm, limit_s, abort_s, poll_s=0.1, hosts=None):
         super().__init__(name="spmdnet-watchdog", daemon=True)
         self.comm, self.limit_s, self.abort_s, self.poll_s = comm, limit_s, abort_s, poll_s
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.reported = None
+        self.hosts = hosts  # rank -> host name: a report names the lost node
+        self.reported, self.late = None, None
         self.stopped = threading.Event()
 
     def run(self):
@@ -93,9 +106,11 @@ class Watchdog(threading.Thread):
                 emit(self.rank, "stalled", self._report(guard.plain(pending), waited))
             if aborting:  # the stall report above named the late ranks
                 site = guard.format_site(pending["site"])
+                late = f"; ranks not in it: {on_hosts(self.late, self.hosts)}" if self.late \
+                    else ""
                 abort_job([f"watchdog (aborting the job): {pending['op']} #{pending['seq']} on "
                            f"{guard.comm_label(pending['comm'])} has waited {waited:.1f} s at "
-                           f"{site} (SPMDNET_WATCHDOG_ABORT_S={self.abort_s:g})"])
+                           f"{site}{late} (SPMDNET_WATCHDOG_ABORT_S={self.abort_s:g})"])
 
     def _report(self, pending, waited):
         """Ask every other rank for its state (2 s at most) and name the late ones."""
@@ -104,10 +119,14 @@ class Watchdog(threading.Thread):
         states[self.rank] = guard.snapshot()
         late = [r for r in range(self.size) if r not in states or not _in_same(states[r],
                                                                                pending)]
+        self.late = late
         lines = [f"{pending['op']} #{pending['seq']} on {pending['comm']} has waited "
-                 f"{waited:.1f} s at {pending['site']}; ranks not in it: {late}"]
-        lines += [describe_state(r, states[r]) if r in states else f"rank {r}: no answer (busy "
-                  "or hung outside Python)" for r in range(self.size)]
+                 f"{waited:.1f} s at {pending['site']}; ranks not in it: "
+                 f"{on_hosts(late, self.hosts)}"]
+        host = (lambda r: f" on host {self.hosts[r]}") if self.hosts else (lambda r: "")
+        lines += [describe_state(r, states[r]) if r in states else f"rank {r}{host(r)}: no "
+                  "answer (busy, hung outside Python, or its host is lost)"
+                  for r in range(self.size)]
         return lines
 
 
@@ -129,7 +148,9 @@ def start(control, limit_s, abort_s, thread_multiple):
                              "this)\n")
             sys.stderr.flush()
         return None
-    _thread["thread"] = Watchdog(control, limit_s, abort_s)
+    # every rank's host, once: a stall report then names the node a lost rank was on
+    hosts = control.allgather(mpi().Get_processor_name())
+    _thread["thread"] = Watchdog(control, limit_s, abort_s, hosts=hosts)
     _thread["thread"].start()
     return _thread["thread"]
 

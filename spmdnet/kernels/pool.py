@@ -82,17 +82,19 @@ def _max_2x2(plane, out, idx, wi):
 @njit_inline
 def _max_any(plane, out, idx, geom):
     """Any window: each row's taps clipped to the plane once, each element's
-    columns once. A window with no tap inside (none that PyTorch's output
-    sizes allow) gives plane[0, 0] and index -1."""
+    columns once. A window with no tap inside (padding and dilation allow
+    it: a 1x1 plane, kernel 2, padding 1, dilation 2) gives -inf, as
+    PyTorch's, and index -1 (its gradient goes nowhere)."""
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     hi, wi = plane.shape
+    lowest = plane.dtype.type(-np.inf)
     for oh in range(out.shape[0]):
         h0 = oh * sh - ph
         i_lo, i_hi = _first(h0, dh, kh), _end(h0, dh, hi, kh)
         for ow in range(out.shape[1]):
             w0 = ow * sw - pw
             j_lo, j_hi = _first(w0, dw, kw), _end(w0, dw, wi, kw)
-            best, at = plane[0, 0], -1
+            best, at = lowest, -1
             for i in range(i_lo, i_hi):
                 h = h0 + i * dh
                 for j in range(j_lo, j_hi):

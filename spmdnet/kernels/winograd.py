@@ -68,15 +68,22 @@ def tiles(out_hw):
 
 
 def stacked(rows, cols, dtype):
-    """An empty C-contiguous stack of 16 (rows', cols) matrices, rows' >= rows,
-    whose planes do not lie a multiple of 2 KiB apart: the transforms touch
-    a tile in all 16 planes at once, and planes 4 KiB apart (16 channels of
-    8192 tiles: 512 KiB) fall in one L1 set and evict each other (measured
-    2-5x slower passes). Views [:, :t] are the GEMMs' operands."""
+    """A stack of 16 (rows, cols) matrices as (planes, mats): planes a
+    C-contiguous (16, rows·cols + pad) buffer (what the transforms index)
+    and mats its (16, rows, cols) view (views [:, :t] are the GEMMs'
+    operands). The planes do not lie a multiple of 2 KiB apart: the
+    transforms touch a tile in all 16 planes at once, and planes 4 KiB apart
+    (16 channels of 8192 tiles: 512 KiB) fall in one L1 set and evict each
+    other (measured 2-5x slower passes). The pad is one cache line at most,
+    past each plane's end: adding rows instead cannot help when a row is
+    itself a multiple of 2 KiB (512 channels in float32, 256 in float64)."""
     itemsize = np.dtype(dtype).itemsize
-    while (rows * cols * itemsize // 64) % 64 in (0, 32):
-        rows += 1
-    return np.empty((16, rows, cols), dtype)
+    size = rows * cols
+    # (bytes // 64) % 64 in (0, 32): within a cache line of a multiple of 2 KiB;
+    # one more cache line moves it off (to 1 or 33)
+    pad = 64 // itemsize if (size * itemsize // 64) % 64 in (0, 32) else 0
+    planes = np.empty((16, size + pad), dtype)
+    return planes, planes[:, :size].reshape(16, rows, cols)
 
 
 def transformed_weight(weight):
@@ -111,8 +118,8 @@ class _Blocks:
     def tile_count(self, start, stop):
         return (stop - start) * self.tiles_h * self.tiles_w
 
-    def transform_input(self, x, v):
-        transforms.input_transform(x, self.xt, v.reshape(16, -1), self.in_rows, self.geom)
+    def transform_input(self, x, v_planes):
+        transforms.input_transform(x, self.xt, v_planes, self.in_rows, self.geom)
 
 
 def forward(x, weight, bias, pads, out_hw):
@@ -128,13 +135,14 @@ def forward(x, weight, bias, pads, out_hw):
     ut = u.transpose(0, 2, 1)
     out = np.empty((x.shape[0], o) + tuple(out_hw), x.dtype)
     bias = np.zeros(o, x.dtype) if bias is None else np.ascontiguousarray(bias)
-    v, m = stacked(blocks.span, c, x.dtype), stacked(blocks.span, o, x.dtype)
+    v_planes, v = stacked(blocks.span, c, x.dtype)
+    m_planes, m = stacked(blocks.span, o, x.dtype)
     sums = np.empty((8, blocks.tiles_w * o), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        blocks.transform_input(x[start:stop], v)
+        blocks.transform_input(x[start:stop], v_planes)
         np.matmul(v[:, :t], ut, out=m[:, :t])  # Mᵀ[k] (T, O) = Vᵀ[k] Uᵀ[k]
-        transforms.output_transform(m.reshape(16, -1), bias, out[start:stop], sums,
+        transforms.output_transform(m_planes, bias, out[start:stop], sums,
                                     blocks.rows)
     return out, (x, u)
 
@@ -151,20 +159,21 @@ def backward(g, saved, weight, pads, need_weight=True, need_input=True):
     g = np.ascontiguousarray(g)
     c, o = x.shape[1], weight.shape[0]
     blocks = _Blocks(x.shape, o, g.shape[2:], x.dtype, pads)
-    dm, v = stacked(blocks.span, o, x.dtype), stacked(blocks.span, c, x.dtype)  # V, then dV
+    dm_planes, dm = stacked(blocks.span, o, x.dtype)
+    v_planes, v = stacked(blocks.span, c, x.dtype)  # V, then dV
     if need_weight:
         du, du_block = np.zeros((16, o, c), x.dtype), np.empty((16, o, c), x.dtype)
     gx = np.empty(x.shape, x.dtype) if need_input else None
     plane = np.empty((blocks.padded[0], blocks.padded[1] * c), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        transforms.grad_transform(g[start:stop], dm.reshape(16, -1), blocks.rows)
+        transforms.grad_transform(g[start:stop], dm_planes, blocks.rows)
         if need_weight:
-            blocks.transform_input(x[start:stop], v)
+            blocks.transform_input(x[start:stop], v_planes)
             du += np.matmul(dm[:, :t].transpose(0, 2, 1), v[:, :t], out=du_block)
         if need_input:
             np.matmul(dm[:, :t], u, out=v[:, :t])  # dVᵀ[k] (T, C) = dMᵀ[k] U[k]
-            transforms.input_grad(v.reshape(16, -1), gx[start:stop], plane, blocks.in_rows,
+            transforms.input_grad(v_planes, gx[start:stop], plane, blocks.in_rows,
                                   blocks.geom)
     gw = None
     if need_weight:

@@ -6,10 +6,14 @@ Inside an MPI job the ranks exist already: ``fn(rank, *args)`` runs on each
 as PyTorch's spawn) to a job folder and starts ``mpiexec -n nprocs python -m
 spmdnet.multiprocessing.worker <folder>``; each rank notes its pid, imports
 the main script as ``__mp_main__``, runs ``fn(rank, *args)`` and notes
-success, or its traceback. The parent watches the folder and the ranks'
-pids: a rank's exception raises ``ProcessRaisedException`` (its rank and
-traceback), a rank that died otherwise ``ProcessExitedException``, and the
-other ranks are ended. SIGTERM or SIGINT to the parent reaches every rank
+success, or its traceback, and each rank's supervisor notes how the rank
+ended (``worker.py``). The parent watches the folder: a rank's exception
+raises ``ProcessRaisedException`` (its rank and traceback), a rank that
+ended otherwise with a nonzero code ``ProcessExitedException`` with the
+rank's own ``exit_code`` (``-N`` and "terminated with signal SIGKILL" for a
+signal, as PyTorch's), and the other ranks are ended; exit code 0
+(``sys.exit(0)`` in ``fn``) is a success. When the parent dies, even by
+SIGKILL, the ranks notice and end. SIGTERM or SIGINT to the parent reaches every rank
 (mpiexec forwards it); when the ranks then stop with an agreed code (3 after
 ``StopSignal``), the parent exits with it. ``nprocs == 1`` in a plain
 process runs ``fn(0, *args)`` in the parent itself.
@@ -66,16 +70,6 @@ def _rank_files(folder, prefix):
     return found
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ProcessContext:
     """The running ranks of one ``spawn``; ``join()`` as PyTorch's."""
 
@@ -88,18 +82,24 @@ class ProcessContext:
         return [int(open(p).read() or 0) for _, p in sorted(_rank_files(self.folder,
                                                                           "started").items())]
 
+    def _statuses(self):
+        """{rank: ("exit", code) or ("signal", number)} noted by the ranks' supervisors."""
+        found = {}
+        for rank, path in _rank_files(self.folder, "status").items():
+            kind, _, value = open(path).read().partition(" ")
+            found[rank] = (kind, int(value))
+        return found
+
     def _failure(self):
-        """Whether a rank has raised or died without finishing (the first rank
-        seen dead is kept: once MPI runs, mpiexec ends the others at once)."""
+        """Whether a rank has raised or ended without finishing; the first
+        rank seen failing is kept (after it, the launcher ends the others)."""
         if _rank_files(self.folder, "error"):
             return True
-        done = _rank_files(self.folder, "done")
-        for rank, path in sorted(_rank_files(self.folder, "started").items()):
-            text = open(path).read()
-            if rank not in done and text.isdigit() and not _alive(int(text)):
-                self._first_dead = rank
-                return True
-        return False
+        failed = [r for r, st in self._statuses().items() if st != ("exit", 0)]
+        if failed and self._first_dead is None:
+            self._first_dead = min(failed, key=lambda r: (os.path.getmtime(
+                os.path.join(self.folder, f"status-{r}")), r))
+        return bool(failed)
 
     def join(self, timeout=None):
         """Wait for the ranks (at most ``timeout`` s): True when all finished,
@@ -115,6 +115,23 @@ class ProcessContext:
                 return False
             time.sleep(0.02)
         return self._result(self.proc.wait())
+
+    def _exited(self, code, missing, started):
+        """PyTorch's ProcessExitedException for the first rank that failed:
+        its own exit code, or ``-signal`` and the signal's name."""
+        statuses = self._statuses()
+        rank = self._first_dead if self._first_dead is not None else \
+            missing[0] if missing else 0
+        pid = int(open(started[rank]).read() or 0) if rank in started else -1
+        kind, value = statuses.get(rank, ("exit", code))
+        if kind == "signal" or value < 0:
+            number = abs(value)
+            name = signal.Signals(number).name if number in signal.Signals._value2member_map_ \
+                else f"signal {number}"
+            return ProcessExitedException(f"process {rank} terminated with signal {name}",
+                                          rank, pid, -number, name)
+        return ProcessExitedException(f"process {rank} terminated with exit code {value}",
+                                      rank, pid, value)
 
     def _end(self):
         """End the job: SIGTERM through mpiexec, then SIGKILL."""
@@ -136,21 +153,17 @@ class ProcessContext:
                                              f"following error:\n{text}", rank, pid)
             done = _rank_files(self.folder, "done")
             started = _rank_files(self.folder, "started")
-            missing = [r for r in range(self.nprocs) if r not in done]
+            ok = set(done) | {r for r, st in self._statuses().items() if st == ("exit", 0)}
+            missing = [r for r in range(self.nprocs) if r not in ok]
             if code or missing:
                 if self.signal_received is not None and code:
                     sys.exit(code)  # the ranks stopped on the parent's signal: their code
-                # best effort: once MPI runs, mpiexec kills the other ranks at once
-                rank = self._first_dead if self._first_dead is not None else \
-                    missing[0] if missing else 0
-                pid = int(open(started[rank]).read() or 0) if rank in started else -1
-                name = signal.Signals(-code).name if code < 0 else None
-                raise ProcessExitedException(
-                    f"process {rank} terminated with exit code {code}" if name is None else
-                    f"process {rank} terminated with signal {name}", rank, pid, code, name)
+                raise self._exited(code, missing, started)
             return True
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
+            from .. import launch  # noqa: PLC0415 - `python -m spmdnet.launch` needs it unimported
+            launch.clean_topology_files()
 
 
 def _main_source():
@@ -223,7 +236,7 @@ def _start(fn, args, nprocs):
     kind, source = _main_source()
     folder = tempfile.mkdtemp(prefix="spmdnet-spawn-")
     payload = {"main": (kind, source), "sys_path": list(sys.path), "argv": list(sys.argv),
-               "cwd": os.getcwd()}
+               "cwd": os.getcwd(), "parent_pid": os.getpid()}
     try:
         payload["call"] = pickle.dumps((fn, tuple(args)))
     except Exception as exc:

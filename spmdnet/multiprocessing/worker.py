@@ -1,12 +1,18 @@
 """One rank of a ``spawn`` from a plain process:
 ``python -m spmdnet.multiprocessing.worker <job folder>`` under mpiexec.
 
-Notes its pid (``started-<rank>``), imports the parent's main script as
-``__mp_main__`` (also registered as ``__main__``, so ``fn`` pickled by
-reference from the parent's ``__main__`` is found), runs ``fn(rank, *args)``,
-then notes ``done-<rank>`` or ``error-<rank>`` (pid and traceback) for the
-parent. An exception is re-raised after it is noted: with MPI initialised
-the abort hook ends every rank at once.
+The process mpiexec starts is a small supervisor (``lifeline.supervise``):
+it forks the rank, notes how the rank ended (``status-<rank>``), and ends
+the rank when the parent dies, so that the parent reports the rank's own
+exit code or signal, never mpiexec's, and a SIGKILLed parent leaves no job.
+
+The rank notes its pid (``started-<rank>``), imports the parent's main
+script as ``__mp_main__`` (also registered as ``__main__``, so ``fn``
+pickled by reference from the parent's ``__main__`` is found), runs
+``fn(rank, *args)``, then notes ``done-<rank>`` or ``error-<rank>`` (pid and
+traceback). ``sys.exit(0)`` (or ``sys.exit()``) inside ``fn`` is a success,
+as in PyTorch. An exception is re-raised after it is noted: with MPI
+initialised the abort hook ends every rank at once.
 """
 import importlib
 import os
@@ -16,15 +22,10 @@ import traceback
 import types
 
 from ..distributed.launcher_env import launched_rank_size
-from . import processes
+from . import lifeline, processes
 
 
-def _note(folder, name, content):
-    """Write ``content`` to ``folder/name`` atomically (the parent polls the folder)."""
-    tmp = os.path.join(folder, f".{name}.tmp")
-    with open(tmp, "wb" if isinstance(content, bytes) else "w") as f:
-        f.write(content)
-    os.replace(tmp, os.path.join(folder, name))
+_note = lifeline.note
 
 
 def _import_main(kind, source):
@@ -44,11 +45,8 @@ def _import_main(kind, source):
     return module
 
 
-def main(folder):
-    rank, _ = launched_rank_size()
+def _run_rank(folder, rank, payload):
     _note(folder, f"started-{rank}", str(os.getpid()))
-    with open(os.path.join(folder, "payload"), "rb") as f:
-        payload = pickle.load(f)
     sys.path[:] = payload["sys_path"]
     sys.argv[:] = payload["argv"]
     try:
@@ -59,10 +57,25 @@ def main(folder):
             processes._state["worker"] = False
         fn, args = pickle.loads(payload["call"])
         fn(rank, *args)
+    except SystemExit as exc:
+        if exc.code in (None, 0):  # PyTorch's spawn: exit code 0 is success
+            _note(folder, f"done-{rank}", "")
+        else:  # noted now: the exit agreement may hold the process a while
+            code = exc.code if isinstance(exc.code, int) else 1
+            _note(folder, f"status-{rank}", f"exit {code}")
+        raise
     except Exception:
         _note(folder, f"error-{rank}", pickle.dumps((os.getpid(), traceback.format_exc())))
         raise
     _note(folder, f"done-{rank}", "")
+
+
+def main(folder):
+    rank, _ = launched_rank_size()
+    with open(os.path.join(folder, "payload"), "rb") as f:
+        payload = pickle.load(f)
+    lifeline.supervise(folder, rank, payload["parent_pid"],
+                       lambda: _run_rank(folder, rank, payload))
 
 
 if __name__ == "__main__":

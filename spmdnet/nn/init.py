@@ -1,11 +1,12 @@
-"""``nn.init``: PyTorch's in-place initialisers, drawn from spmdnet's generator.
+"""``nn.init``: PyTorch's in-place initialisers, drawing PyTorch's numbers.
 
 Every ``*_`` function fills a Parameter or Tensor in place (its ``.array``,
 NumPy or CuPy) outside autograd, so it works with or without
 ``no_grad``, and returns the tensor, as PyTorch. Values are drawn on the
-host from ``spmdnet.random.generator()`` (``sn.manual_seed`` fixes them) and
-copied to the tensor's device, so a seed gives the same weights on CPU and
-GPU. ``generator=`` takes a ``numpy.random.Generator`` instead.
+host from PyTorch's CPU stream (``spmdnet.random``: after the same
+``manual_seed`` PyTorch's values, bitwise) and copied to the tensor's device,
+so a seed gives the same weights on CPU and GPU. ``generator=`` takes a
+``spmdnet.Generator``.
 
 Fans and gains follow PyTorch: ``fan_in = size(1) * receptive field``,
 ``fan_out = size(0) * receptive field`` (the receptive field is the product
@@ -19,11 +20,12 @@ import numpy as np
 
 from .._tensor import Tensor, get_default_dtype
 from ..backend import xp_of
-from ..random import generator as default_generator
+from .. import random as sn_random
+from ..random import distributions
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
            "zeros_", "eye_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
-           "kaiming_normal_"]
+           "kaiming_normal_", "orthogonal_", "sparse_", "dirac_"]
 
 _LINEAR = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "sigmoid")
@@ -62,8 +64,12 @@ def _fill(tensor, host_values):
     return tensor
 
 
-def _gen(generator):
-    return default_generator() if generator is None else generator
+def _gen(generator, where):
+    return sn_random.resolve(generator, where)
+
+
+def _dtype(tensor):
+    return _array(tensor).dtype
 
 
 def _calculate_fan_in_and_fan_out(tensor):
@@ -87,40 +93,55 @@ def _calculate_correct_fan(tensor, mode):
 # -- fills ------------------------------------------------------------------------------
 def uniform_(tensor, a=0.0, b=1.0, generator=None):
     """Fill with U(a, b)."""
-    return _fill(tensor, _gen(generator).uniform(a, b, size=_array(tensor).shape))
+    g = _gen(generator, "uniform_")
+    return _fill(tensor, distributions.uniform(g, _array(tensor).shape, a, b, _dtype(tensor)))
 
 
 def normal_(tensor, mean=0.0, std=1.0, generator=None):
     """Fill with N(mean, std²)."""
-    return _fill(tensor, mean + std * _gen(generator).standard_normal(_array(tensor).shape))
+    g = _gen(generator, "normal_")
+    return _fill(tensor, distributions.normal(g, _array(tensor).shape, mean, std,
+                                              _dtype(tensor)))
+
+
+def _norm_cdf(x):
+    return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 
 
 def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
     """Fill with N(mean, std²) truncated to [a, b]: ``a`` and ``b`` are ABSOLUTE
     bounds on the values (not multiples of std), as PyTorch's.
 
-    Exact rejection sampling: redraw the values outside [a, b] (or, when
-    [a, b] holds little of the mass, draw uniformly on [a, b] and accept with
-    the normal density's ratio)."""
+    Exact rejection sampling with PyTorch's draws: when [a, b] holds more
+    than 0.3 of the mass, whole-tensor normals, redrawing (a whole tensor
+    each round) where a value falls outside; else uniforms on [a, b],
+    accepted where log(u) < the log density ratio, u a second uniform."""
     if std <= 0 or not a < b:
         raise ValueError(f"trunc_normal_: need std > 0 and a < b, got std={std}, a={a}, b={b}")
-    rng, shape = _gen(generator), _array(tensor).shape
-    lo, hi = (a - mean) / std, (b - mean) / std
-    mass = 0.5 * (math.erf(hi / math.sqrt(2)) - math.erf(lo / math.sqrt(2)))
-    peak = min(max(0.0, lo), hi)  # where the standard density is largest on [lo, hi]
-    out = np.empty(math.prod(shape))
-    filled = 0
-    while filled < out.size:
-        need = out.size - filled
-        if mass >= 0.25:
-            z = rng.standard_normal(int(need / mass) + 16)
-        else:
-            z = rng.uniform(lo, hi, size=4 * need + 16)
-            z = z[rng.random(z.size) < np.exp(0.5 * (peak * peak - z * z))]
-        z = z[(z >= lo) & (z <= hi)][:need]
-        out[filled:filled + z.size] = z
-        filled += z.size
-    return _fill(tensor, np.clip(mean + std * out.reshape(shape), a, b))
+    if (mean < a - 2 * std) or (mean > b + 2 * std):
+        warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
+                      "The distribution of values may be incorrect.", stacklevel=2)
+    g, shape, dtype = _gen(generator, "trunc_normal_"), _array(tensor).shape, _dtype(tensor)
+    if _norm_cdf((b - mean) / std) - _norm_cdf((a - mean) / std) > 0.3:
+        lo, hi = dtype.type(a), dtype.type(b)
+        result = distributions.normal(g, shape, mean, std, dtype)
+        while np.any(outside := (result < lo) | (result > hi)):
+            result = np.where(outside, distributions.normal(g, shape, mean, std, dtype), result)
+        return _fill(tensor, result)
+    log_peak = -0.5 * ((max(a, min(mean, b)) - mean) / std) ** 2
+    kind = dtype.type
+
+    def excess(values):  # log density ratio, computed as PyTorch's in-place chain
+        return ((values - kind(mean)) / kind(std)) ** 2 * kind(-0.5) - kind(log_peak)
+
+    result = distributions.uniform(g, shape, a, b, dtype)
+    pending = np.log(distributions.uniform(g, shape, 0.0, 1.0, dtype)) > excess(result)
+    while pending.any():
+        candidates = distributions.uniform(g, shape, a, b, dtype)
+        result = np.where(pending, candidates, result)
+        accept = np.log(distributions.uniform(g, shape, 0.0, 1.0, dtype)) > excess(candidates)
+        pending = np.where(pending, accept, pending)
+    return _fill(tensor, result)
 
 
 def constant_(tensor, val):
@@ -149,7 +170,7 @@ def eye_(tensor):
 def xavier_uniform_(tensor, gain=1.0, generator=None):
     """U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio)."""
     fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
-    bound = math.sqrt(3.0) * gain * math.sqrt(2.0 / float(fan_in + fan_out))
+    bound = math.sqrt(3.0) * (gain * math.sqrt(2.0 / float(fan_in + fan_out)))
     return uniform_(tensor, -bound, bound, generator)
 
 
@@ -184,6 +205,63 @@ def kaiming_normal_(tensor, a=0, mode="fan_in", nonlinearity="leaky_relu", gener
     return tensor if std is None else normal_(tensor, 0.0, std, generator)
 
 
+def orthogonal_(tensor, gain=1, generator=None):
+    """A (semi-)orthogonal matrix, as PyTorch's: normals over (rows, the
+    rest), QR of it (transposed when wide), Q's columns signed by R's
+    diagonal, times ``gain``. The draws are PyTorch's; LAPACK's QR agrees
+    with PyTorch's to rounding, not bitwise."""
+    arr = _array(tensor)
+    if arr.ndim < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    if arr.size == 0:
+        return tensor
+    rows = arr.shape[0]
+    cols = arr.size // rows
+    flat = distributions.normal(_gen(generator, "orthogonal_"), (rows, cols), 0.0, 1.0,
+                                arr.dtype)
+    if rows < cols:
+        flat = flat.T
+    q, r = np.linalg.qr(flat)
+    q = q * np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return _fill(tensor, (q * gain).reshape(arr.shape))
+
+
+def sparse_(tensor, sparsity, std=0.01, generator=None):
+    """A 2-D tensor of N(0, std²) values with ``ceil(sparsity * rows)`` zeros
+    per column, chosen by one ``randperm(rows)`` per column. As PyTorch's,
+    only the normals come from ``generator``: the permutations from the
+    current stream."""
+    arr = _array(tensor)
+    if arr.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    rows, cols = arr.shape
+    num_zeros = int(math.ceil(sparsity * rows))
+    g = _gen(generator, "sparse_")
+    values = distributions.normal(g, arr.shape, 0.0, std, arr.dtype)
+    for col in range(cols):
+        values[distributions.randperm(sn_random.generator(), rows)[:num_zeros], col] = 0
+    return _fill(tensor, values)
+
+
+def dirac_(tensor, groups=1):
+    """The Dirac delta in a {3, 4, 5}-D convolution weight: each output
+    channel passes its input channel through (per group), as PyTorch's."""
+    arr = _array(tensor)
+    if arr.ndim not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    if arr.shape[0] % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    out_per_group = arr.shape[0] // groups
+    values = np.zeros(arr.shape, arr.dtype)
+    centre = tuple(k // 2 for k in arr.shape[2:])
+    for g in range(groups):
+        for d in range(min(out_per_group, arr.shape[1])):
+            values[(g * out_per_group + d, d) + centre] = 1
+    return _fill(tensor, values)
+
+
 # -- host-array helpers for layers built from slices (tensor parallelism) ------------------
 def uniform(shape, bound, dtype=None):
     """A new host array drawn from U(-bound, bound) (not PyTorch's deprecated
@@ -191,8 +269,8 @@ def uniform(shape, bound, dtype=None):
     if isinstance(shape, Tensor):
         raise TypeError("init.uniform(shape, bound) makes a new array; "
                         "use init.uniform_(tensor, a, b) to fill a tensor")
-    dtype = dtype or get_default_dtype()
-    return default_generator().uniform(-bound, bound, size=shape).astype(dtype)
+    dtype = np.dtype(dtype or get_default_dtype())
+    return distributions.uniform(sn_random.generator(), tuple(shape), -bound, bound, dtype)
 
 
 def normal(shape, std=1.0, dtype=None):
@@ -200,8 +278,8 @@ def normal(shape, std=1.0, dtype=None):
     if isinstance(shape, Tensor):
         raise TypeError("init.normal(shape, std) makes a new array; "
                         "use init.normal_(tensor, mean, std) to fill a tensor")
-    dtype = dtype or get_default_dtype()
-    return (default_generator().standard_normal(size=shape) * std).astype(dtype)
+    dtype = np.dtype(dtype or get_default_dtype())
+    return distributions.normal(sn_random.generator(), tuple(shape), 0.0, std, dtype)
 
 
 def default_layer_init_(weight, bias=None):

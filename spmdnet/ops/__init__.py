@@ -6,8 +6,7 @@ behind any Tensor method.
 """
 from .._tensor import Tensor
 from . import compare, complex, convert, gather, index, inplace, methods, pointwise, reduce
-from . import scan, shape, sort, unary
-from .sampling import multinomial
+from . import sampling, scan, shape, sort, unary
 from .arith import add, as_tensor_like, div, mul, neg, pow, rdiv, rpow, rsub, sub
 from .convert import array_ufunc
 from .index import getitem
@@ -71,10 +70,10 @@ TENSOR_METHODS = {
     "flip": scan.flip, "roll": scan.roll, "gather": gather.gather, "scatter": gather.scatter,
     "scatter_add": gather.scatter_add, "index_select": gather.index_select,
     "repeat_interleave": gather.repeat_interleave, "diag": gather.diag,
-    # clone, requires_grad_, softmax, new_zeros & co., normal_, uniform_, type (ops/methods.py)
+    # clone, requires_grad_, softmax, new_zeros & co., type (ops/methods.py)
     **methods.METHODS,
     # complex views and parts (ops/complex.py); sampling (ops/sampling.py)
-    **complex.METHODS, "multinomial": multinomial,
+    **complex.METHODS, **sampling.METHODS,
     # type and device (ops/convert.py)
     "to": convert.to, "type_as": convert.type_as, "cpu": convert.cpu, "cuda": convert.cuda,
     **convert.CASTS, "__array_ufunc__": array_ufunc,

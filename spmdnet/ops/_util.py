@@ -54,7 +54,7 @@ def dim_arg(name, dim, axis, keepdim=False, keepdims=None):
 # floating < complex. Operands are ranked dimensioned tensor > 0-dim tensor >
 # Python scalar; a lower rank decides the result only when its category is
 # higher, and then a Python float stands for the default float dtype.
-_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "c": 3}
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2, "V": 2, "c": 3}  # "V": bfloat16 (dtypes.py)
 
 
 def promote_types(a, b):

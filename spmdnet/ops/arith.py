@@ -176,7 +176,7 @@ def mul(input, other):  # noqa: A002
 def div(input, other):  # noqa: A002
     """True division: integer operands give the default float dtype."""
     a, b = promote(input, other)
-    if a.array.dtype.kind not in "fc":
+    if a.array.dtype.kind not in "fcV":  # "V": bfloat16 (dtypes.py)
         a, b = cast(a, get_default_dtype()), cast(b, get_default_dtype())
     return _binary(Div, a, b)
 

@@ -17,7 +17,7 @@ from .arith import Cast
 
 
 def _is_float(dtype):
-    return dtype.kind in "fc"
+    return dtype.kind in "fcV"  # "V": bfloat16 (dtypes.py)
 
 
 class ToDevice(Function):

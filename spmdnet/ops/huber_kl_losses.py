@@ -1,5 +1,5 @@
 """huber_loss and kl_div, with PyTorch's arguments: the two functional losses
-the loss modules (nn/loss.py) need that ops/pointwise_losses.py lacks.
+the loss modules (nn/modules/loss.py) need that ops/pointwise_losses.py lacks.
 
 Both are element-by-element losses of (input, target), so they reuse that
 file's ``_Pointwise`` op (reduction, weight, broadcasting, gradients of both

@@ -1,8 +1,7 @@
 """Tensor methods that are not math: ``clone``, ``requires_grad_``,
 ``softmax`` / ``log_softmax`` (dim required, as PyTorch's methods), the
-``new_*`` factories (this tensor's dtype and device by default), the
-in-place random fills ``normal_`` / ``uniform_`` (spmdnet's generator, as
-``nn.init``), ``is_contiguous`` and ``type``.
+``new_*`` factories (this tensor's dtype and device by default),
+``is_contiguous`` and ``type`` (the random fills are in ops/sampling.py).
 
 ``type()`` with no argument returns PyTorch's type string
 (``'torch.FloatTensor'``, ``'torch.cuda.LongTensor'``, ...); ``type(dtype)``
@@ -14,10 +13,9 @@ import numpy as np
 from .. import creation
 from .._args import canonical_dim, shape_arg
 from ..autograd import Function
-from ..backend import is_cupy_array, xp_of
-from ..random import generator as default_generator
+from ..backend import is_cupy_array
+from ..dtypes import bfloat16 as _bfloat16
 from .convert import cast, to
-from .inplace import _no_graph
 from .nn_ops import LogSoftmax, Softmax
 
 
@@ -92,37 +90,12 @@ def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
     return creation.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
-def _fill(self, name, draw, generator):
-    """Fill in place with ``draw(generator, shape)``, drawn on the host as
-    ``nn.init`` draws (the same seed gives the same values on CPU and GPU).
-    (``nn.init`` imports the layers, which import the ops: not from here.)"""
-    _no_graph(self, name)
-    values = draw(default_generator() if generator is None else generator, self.shape)
-    self.array[...] = xp_of(self.array).asarray(values).astype(self.dtype, copy=False)
-    return self
-
-
-def normal_(self, mean=0.0, std=1.0, *, generator=None):
-    """Fill in place with N(mean, std²) from spmdnet's generator (as ``nn.init.normal_``)."""
-    return _fill(self, "normal_", lambda g, shape: mean + std * g.standard_normal(shape),
-                 generator)
-
-
-def uniform_(self, *bounds, generator=None, **names):
-    """Fill in place with U(from, to) (defaults 0 and 1; PyTorch's argument
-    names ``from``/``to`` as keywords) from spmdnet's generator."""
-    lo, hi = (list(bounds) + [names.pop("from", 0.0), names.pop("to", 1.0)][len(bounds):])[:2]
-    if names:
-        raise TypeError(f"uniform_() got unexpected keyword arguments {sorted(names)}")
-    return _fill(self, "uniform_", lambda g, shape: g.uniform(lo, hi, size=shape), generator)
-
-
 def is_contiguous(self, memory_format=None):
     """Whether the data is C-contiguous (a transposed view is not)."""
     return bool(self.array.flags.c_contiguous)
 
 
-_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half",
+_TYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
                "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char",
                "uint8": "Byte", "bool": "Bool", "complex64": "ComplexFloat",
                "complex128": "ComplexDouble"}
@@ -143,9 +116,27 @@ def type(self, dtype=None, non_blocking=False):  # noqa: A001 - PyTorch's method
     return cast(self, dtype)
 
 
+def bfloat16(self, memory_format=None):
+    """``self`` as bfloat16 (rounded to nearest even; itself when it already is)."""
+    return cast(self, _bfloat16)
+
+
+def _on(kind):
+    """``Tensor.is_<kind>``: whether the tensor's device is of this type."""
+    return property(lambda self: self.device.type == kind)
+
+
+# PyTorch 2.13's device and layout predicates (properties, as on torch.Tensor):
+# a device type each, and layouts and quantization spmdnet never makes
+DEVICE_PREDICATES = {f"is_{kind}": _on(kind) for kind in
+                     ("cpu", "xpu", "mps", "meta", "ipu", "maia", "mtia", "vulkan", "xla")}
+ALWAYS_FALSE = {name: property(lambda self: False) for name in
+                ("is_quantized", "is_sparse", "is_sparse_csr", "is_mkldnn", "is_nested")}
+
 METHODS = {
+    **DEVICE_PREDICATES, **ALWAYS_FALSE,
     "clone": clone, "requires_grad_": requires_grad_, "softmax": softmax,
     "log_softmax": log_softmax, "new_zeros": new_zeros, "new_ones": new_ones,
     "new_empty": new_empty, "new_full": new_full, "new_tensor": new_tensor,
-    "normal_": normal_, "uniform_": uniform_, "is_contiguous": is_contiguous, "type": type,
+    "is_contiguous": is_contiguous, "type": type, "bfloat16": bfloat16,
 }

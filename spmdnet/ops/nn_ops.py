@@ -11,7 +11,7 @@ from .. import kernels
 from ..autograd import Function
 from ..backend import scatter_add, xp_of
 from ._util import normalize_axes
-from ..random import generator_for
+from ..random import distributions, generator_for
 from .linalg import buffer_for
 
 
@@ -55,12 +55,20 @@ class LogSoftmax(Function):
 
 
 class Dropout(Function):
-    """Zero each element with probability p, scale the rest by 1/(1-p)."""
+    """Zero each element with probability p, scale the rest by 1/(1-p), as
+    PyTorch's CPU dropout: a mask of Bernoulli(1 - p) draws (float64
+    uniforms, PyTorch's stream) divided by 1 - p in x's dtype. On a GPU the
+    uniforms come from CuPy's generator."""
 
     def forward(self, x, p=0.5):
         xp = xp_of(x)
-        keep = generator_for(xp).random(x.shape, dtype=x.dtype) >= p
-        self.mask = keep * x.dtype.type(1.0 / (1.0 - p))
+        scale = x.dtype.type(1.0 - p)
+        if xp is np:
+            keep = distributions.bernoulli_scalar(generator_for(np), x.shape, 1.0 - p, x.dtype)
+        else:
+            keep = (generator_for(xp).random(x.shape, dtype=np.float64) < 1.0 - p) \
+                .astype(x.dtype)
+        self.mask = keep / scale
         return x * self.mask
 
     def backward(self, g):

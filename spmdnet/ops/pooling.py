@@ -84,10 +84,15 @@ class MaxPool2d(Function):
             wins = view.transpose(0, 1, 4, 5, 2, 3).reshape(n, c, ho, wo, kh * kw)
             arg = wins.argmax(axis=-1)  # the first maximum (NaN counts as the maximum)
             values = xp.take_along_axis(wins, arg[..., None], axis=-1)[..., 0]
+            if any(padding):
+                arg, inside = _first_inside(xp, arg, (h, w), kernel, stride, padding, dilation,
+                                            out)
             i, j = arg // kw, arg % kw
             rows = (xp.arange(ho) * stride[0] - padding[0])[:, None] + i * dilation[0]
             cols = (xp.arange(wo) * stride[1] - padding[1])[None, :] + j * dilation[1]
             self.indices = rows * w + cols
+            if any(padding):
+                self.indices = xp.where(inside, self.indices, -1)
         self.shape = x.shape
         self.overlap = any(s < d * (k - 1) + 1 for s, k, d in zip(stride, kernel, dilation))
         return values
@@ -96,12 +101,31 @@ class MaxPool2d(Function):
         xp = xp_of(g)
         n, c, h, w = self.shape
         flat = (self.indices + (xp.arange(n * c) * (h * w)).reshape(n, c, 1, 1)).ravel()
+        g = g.ravel()
         gx = xp.zeros(n * c * h * w, g.dtype)
+        if (self.indices < 0).any():  # windows wholly in the padding: their -inf took nothing
+            keep = self.indices.ravel() >= 0
+            flat, g = flat[keep], g[keep]
         if self.overlap:  # windows overlap: one element may be the max of several
-            scatter_add(gx, flat, g.ravel())
+            scatter_add(gx, flat, g)
         else:
-            gx[flat] = g.ravel()
+            gx[flat] = g
         return gx.reshape(self.shape)
+
+
+def _first_inside(xp, arg, hw, kernel, stride, padding, dilation, out):
+    """(arg, inside): a window's argmax moved off the padding, whose -inf can
+    win only when every tap inside is -inf too, to the first tap inside (as
+    the kernel and PyTorch pick); inside (Ho, Wo): whether a window has a tap
+    inside at all (one wholly in the padding gives -inf and index -1)."""
+    taps = []
+    for size, k, s, p, d, o in zip(hw, kernel, stride, padding, dilation, out):
+        at = (xp.arange(o) * s - p)[:, None] + xp.arange(k) * d
+        taps.append((at >= 0) & (at < size))  # (O, k)
+    valid = (taps[0][:, None, :, None] & taps[1][None, :, None, :]).reshape(
+        out[0], out[1], -1)
+    chosen = valid[xp.arange(out[0])[:, None], xp.arange(out[1])[None, :], arg]
+    return xp.where(chosen, arg, valid.argmax(axis=-1)), valid.any(axis=-1)
 
 
 class AvgPool2d(Function):

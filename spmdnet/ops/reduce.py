@@ -191,7 +191,7 @@ sum, prod = _reduction(Sum, "sum"), _reduction(Prod, "prod")  # noqa: A001 - PyT
 def mean(input, dim=None, keepdim=False, *, dtype=None, axis=None, keepdims=None):  # noqa: A002
     dim, keepdim = dim_arg("mean", dim, axis, keepdim, keepdims)
     input = _prepare(input, dtype)
-    if input.dtype.kind not in "fc":
+    if input.dtype.kind not in "fcV":  # "V": bfloat16 (dtypes.py)
         raise RuntimeError("mean(): could not infer output dtype. Input dtype must be either "
                            f"a floating point or complex dtype. Got: {input.dtype}")
     return Mean.apply(input, axis=dim, keepdims=keepdim)
@@ -209,7 +209,7 @@ def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None, axis=
         raise TypeError("var(): give either unbiased= or correction=, not both")
     if correction is None:
         correction = 1 if unbiased is None else int(bool(unbiased))
-    if input.dtype.kind not in "fc":
+    if input.dtype.kind not in "fcV":  # "V": bfloat16 (dtypes.py)
         raise RuntimeError(f"var(): input dtype must be floating point, got {input.dtype}")
     return Var.apply(input, axis=dim, keepdims=keepdim, correction=correction)
 
@@ -318,7 +318,7 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None, *, axis=None,  # n
     'fro' (2); the gradient is 0 where the norm is 0."""
     dim, keepdim = dim_arg("norm", dim, axis, keepdim, keepdims)
     input = _prepare(input, dtype)
-    if input.dtype.kind not in "fc":
+    if input.dtype.kind not in "fcV":  # "V": bfloat16 (dtypes.py)
         raise RuntimeError(f"norm(): input dtype must be floating point, got {input.dtype}")
     if p == "fro":
         p = 2

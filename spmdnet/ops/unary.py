@@ -215,7 +215,7 @@ class GELU(_Activation):
 
 def _floating(t):
     """t, cast to the default float dtype when it holds integers or bools."""
-    if t.array.dtype.kind in "fc":
+    if t.array.dtype.kind in "fcV":  # "V": bfloat16 (dtypes.py)
         return t
     return Tensor(t.array.astype(get_default_dtype()))
 

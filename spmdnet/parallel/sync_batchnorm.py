@@ -25,7 +25,7 @@ import numpy as np
 from .. import distributed as dist
 from ..backend import asnumpy, xp_of
 from ..errors import DistributedError
-from ..nn.batchnorm import _BatchNorm
+from ..nn.modules.batchnorm import _BatchNorm
 from ..ops.batchnorm import batch_norm
 
 

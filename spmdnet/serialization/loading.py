@@ -1,206 +1,193 @@
 """``spmdnet.load``: PyTorch's zip files (``torch.save``) back into spmdnet
 objects, without PyTorch and, by default, without running code from the file.
 
-``weights_only=True`` unpickles with an allow-list, as PyTorch's
-``weights_only`` loader: tensor and Parameter rebuilding, storages, dtypes,
-``torch.Size`` (a tuple here), ``torch.device``, ``OrderedDict``, ``set``,
-``frozenset``, ``complex``, bytes and the plain containers pickle builds
-without globals. Any other global is refused before it is imported, with
-``pickle.UnpicklingError`` naming it. ``weights_only=False`` unpickles as
-Python does (it imports and calls what the file names: trusted files only),
-mapping PyTorch's globals onto spmdnet's.
+``weights_only=True`` reads the pickle with ``_unpickler.SafeUnpickler``, a
+Python interpreter of pickle's opcodes, admitting (``_WeightsOnly`` below)
+tensor and Parameter rebuilding, storages, dtypes, ``torch.Size`` (a tuple
+here), ``torch.device``, ``OrderedDict``, ``set``, ``frozenset``,
+``complex``, bytes, the plain containers pickle builds without globals, and
+what ``add_safe_globals`` admits. Any other global is refused before it is
+imported; state (BUILD) is set only on objects this load created, of those
+types. Every problem with the file, whatever it is, raises one
+``pickle.UnpicklingError`` (``_format.LoadError``, also a RuntimeError)
+naming the file and the reason, and leaves the process as it was.
+``weights_only=False`` unpickles as Python does (it imports and calls what
+the file names: trusted files only), mapping PyTorch's globals onto
+spmdnet's; the zip records are checked the same way.
 """
 import collections
 import io
+import os
 import pickle
-import warnings
 
-import numpy as np
-
-from .. import backend
+from .. import backend, config
 from .._device import device as Device
+from ._rebuild import (ALLOWED, CALLABLE, REBUILDERS, StorageType, checked_call,
+                       user_allowed, warn_dropped_state)
 from .._tensor import Tensor
 from ..nn.parameter import Parameter
-from . import _format
+from ._format import ArchiveReader, LoadError, open_source
+from ._opcodes import SafeUnpickler
+from ._unpickler import Refused, describe
 
-_said = set()  # one-time notes already given in this process
-
-
-class _StorageType:
-    """``torch.<Kind>Storage`` read from a file: which element type it holds."""
-
-    def __init__(self, name):
-        self.name, self.dtype_name = name, _format.DTYPE_OF_STORAGE[name]
+_ATTRIBUTE_STATE = (collections.OrderedDict,)  # BUILD sets attributes (a state dict's _metadata)
 
 
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
-                       backward_hooks=None, metadata=None):
-    """A Tensor viewing ``storage`` (offset and strides in elements); the
-    layout is checked against the storage first, so a corrupt file cannot
-    reach memory outside it."""
-    if not isinstance(storage, (np.ndarray,)) and not backend.is_cupy_array(storage):
-        raise pickle.UnpicklingError(f"_rebuild_tensor_v2 expects a storage, got "
-                                     f"{type(storage).__name__}")
-    size, stride = tuple(int(n) for n in size), tuple(int(n) for n in stride)
-    storage_offset = int(storage_offset)
-    if len(size) != len(stride) or any(n < 0 for n in size + stride) or storage_offset < 0:
-        raise pickle.UnpicklingError(f"bad tensor layout in file: offset {storage_offset}, "
-                                     f"size {size}, stride {stride}")
-    last = storage_offset + sum((n - 1) * st for n, st in zip(size, stride))
-    if 0 not in size and last >= storage.size:
-        raise pickle.UnpicklingError(
-            f"tensor of size {size}, stride {stride}, offset {storage_offset} does not fit "
-            f"its storage of {storage.size} elements")
-    item = storage.dtype.itemsize
-    if backend.is_cupy_array(storage):  # CuPy's as_strided trusts its arguments: checked above
-        xp = backend.require_cupy()
-        start = min(int(storage_offset), storage.size)
-        array = xp.lib.stride_tricks.as_strided(storage[start:], size,
-                                                tuple(s * item for s in stride))
-    else:
-        array = np.ndarray(size, storage.dtype, buffer=storage,
-                           offset=min(int(storage_offset), storage.size) * item,
-                           strides=tuple(s * item for s in stride))
-    return Tensor(array, requires_grad=bool(requires_grad))
+class _Storages:
+    """The storages a file's persistent ids name, each read once per dtype
+    and placed where ``map_location`` says."""
+
+    def __init__(self, archive, map_location):
+        self._archive, self._map, self._loaded = archive, map_location, {}
+
+    def load(self, pid):
+        if not (type(pid) is tuple and len(pid) == 5 and type(pid[0]) is str
+                and pid[0] == "storage" and isinstance(pid[1], StorageType)):
+            raise Refused(f"persistent id {describe(pid)} is not a torch storage "
+                          "('storage', torch.<Kind>Storage, key, location, numel)")
+        _, kind, key, location, numel = pid
+        if type(key) is not str or len(key) > 200:
+            raise Refused(f"storage key {describe(key)} is not a short str")
+        if type(location) is not str or len(location) > 64:
+            raise Refused(f"storage location {describe(location)} is not a device name")
+        if type(numel) is not int or not 0 <= numel <= 1 << 60:
+            raise Refused(f"storage size {describe(numel)} is not a number of elements")
+        cached = self._loaded.get((key, kind.dtype_name))
+        if cached is None:
+            array = self._archive.storage(key, kind.dtype_name, numel)
+            cached = self._loaded[(key, kind.dtype_name)] = _place(array, location, self._map)
+        return cached
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride):
-    return _rebuild_tensor_v2(storage, storage_offset, size, stride)
+class _WeightsOnly(SafeUnpickler):
+    """The allow-list: what a weights-only file may name, call and set."""
+
+    def __init__(self, data, encoding, storages, max_objects):
+        super().__init__(data, encoding, max_objects)
+        self._storages = storages
+        self._user = user_allowed()  # as it is now: a later add_safe_globals is not seen
+        self._user_ids = {id(obj) for obj in self._user.values()}
+        self._user_classes = tuple(obj for obj in self._user.values() if isinstance(obj, type))
+
+    def find_global(self, module, name):
+        found = ALLOWED.get((module, name), self._user.get((module, name)))
+        if found is None:
+            raise Refused(
+                f"Weights only load failed: Unsupported global: GLOBAL {module[:100]}."
+                f"{name[:100]} is not admitted by spmdnet.load(weights_only=True) (tensors, "
+                "Parameter, OrderedDict, Size, device, dtypes, set, frozenset, complex and "
+                "plain containers). Nothing from the file was run. If you trust this global, "
+                "admit it with spmdnet.serialization.add_safe_globals([...]); "
+                "weights_only=False imports and calls whatever the file names: use it only "
+                "for a file you trust.")
+        return found
+
+    def call(self, func, args):
+        if id(func) in self._user_ids:
+            return func(*args)  # the user vouched for it
+        if id(func) not in CALLABLE:
+            raise Refused(f"calling {_name(func)} is not admitted (only torch's rebuild "
+                          "functions, Size, device, OrderedDict, set, frozenset, complex and "
+                          "what add_safe_globals admits are called)")
+        if func is _rebuild_from_type:
+            return self._rebuild_from_type(*args)
+        return checked_call(func, args, self.check_key)
+
+    def _rebuild_from_type(self, func=None, new_type=None, args=None, state=None, *rest):
+        """``_rebuild_from_type_v2(func, type, args, state)``: PyTorch's wrapper
+        for tensor subclasses, Tensor and Parameter only."""
+        if rest or id(func) not in REBUILDERS or type(args) is not tuple or (
+                new_type is not Tensor and new_type is not Parameter):
+            raise Refused("_rebuild_from_type_v2 takes a tensor rebuild function, Tensor or "
+                          f"Parameter and a tuple, got {describe(func)}, {describe(new_type)}, "
+                          f"{describe(args)}")
+        out = checked_call(func, args, self.check_key)
+        warn_dropped_state(state, "tensor")
+        if new_type is Parameter and not isinstance(out, Parameter):
+            out = Parameter(out.array, requires_grad=out.requires_grad)
+        return out
+
+    def new(self, cls, args, kwargs):
+        if id(cls) in self._user_ids and isinstance(cls, type):
+            return cls.__new__(cls, *args, **kwargs)
+        if cls is collections.OrderedDict and not args and not kwargs:
+            return collections.OrderedDict()
+        raise Refused(f"creating {_name(cls)} through __new__ (NEWOBJ) is not admitted: only "
+                      "OrderedDict and the classes add_safe_globals admits")
+
+    def build(self, obj, state):
+        kind = type(obj)
+        if isinstance(obj, self._user_classes):  # np.dtype admits Float64DType's instances
+            _build_like_pickle(obj, state)
+        elif kind in _ATTRIBUTE_STATE:
+            for name, value in _attributes(state).items():
+                if type(name) is not str or name.startswith("__") or hasattr(kind, name):
+                    raise Refused(f"BUILD would set the attribute {describe(name)} of an "
+                                  f"{kind.__name__}, which is not a plain attribute")
+                setattr(obj, name, value)
+        elif kind in (Tensor, Parameter):
+            if _attributes(state):
+                raise Refused(f"BUILD would set attributes of a {kind.__name__}; spmdnet "
+                              "tensors hold none")
+        else:
+            raise Refused(f"setting the state of {describe(obj)} (BUILD) is not admitted: only "
+                          "OrderedDict attributes and the classes add_safe_globals admits")
+
+    def persistent_load(self, pid):
+        return self._storages.load(pid)
 
 
-def _rebuild_parameter(data, requires_grad, backward_hooks=None):
-    return Parameter(data.array, requires_grad=bool(requires_grad))
+def _attributes(state):
+    """BUILD's state as one dict of attributes: a dict, or (dict, slots)."""
+    parts = state if type(state) is tuple and len(state) == 2 else (state,)
+    merged = {}
+    for part in parts:
+        if part is not None and type(part) is not dict:
+            raise Refused(f"BUILD's state is {describe(part)}, not a dict of attributes")
+        merged.update(part or {})
+    return merged
 
 
-def _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state):
-    return _rebuild_parameter(data, requires_grad)
+def _build_like_pickle(obj, state):
+    """Python's own BUILD, for a class the user admitted."""
+    setstate = getattr(obj, "__setstate__", None)
+    if setstate is not None:
+        setstate(state)
+        return
+    slots = None
+    if type(state) is tuple and len(state) == 2:
+        state, slots = state
+    if state:
+        vars(obj).update(state)
+    for name, value in (slots or {}).items():
+        setattr(obj, name, value)
 
 
-def _rebuild_from_type_v2(func, new_type, args, state):
-    """PyTorch's wrapper for tensor subclasses: only Tensor and Parameter here."""
-    out = func(*args)
-    if new_type is Parameter and not isinstance(out, Parameter):
-        out = Parameter(out.array, requires_grad=out.requires_grad)
-    return out
+def _name(obj):
+    return getattr(obj, "__qualname__", None) or describe(obj)
 
 
-def _size(dims=()):
-    """``torch.Size`` -> a tuple (spmdnet's shapes are tuples)."""
-    return tuple(int(n) for n in dims)
+_rebuild_from_type = ALLOWED[("torch._tensor", "_rebuild_from_type_v2")]
 
 
-def _encode(text, encoding="latin1"):
-    """``_codecs.encode``: how pickle protocol 2 writes bytes."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"_codecs.encode({text!r}, {encoding!r}) is not bytes")
-    return text.encode("latin1")
+class _FullUnpickler(pickle.Unpickler):
+    """``weights_only=False``: Python's unpickler, PyTorch's globals mapped."""
 
-
-def _allowed_globals():
-    table = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-             ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-             ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-             ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter_with_state,
-             ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
-             ("torch", "Tensor"): Tensor, ("torch.nn.parameter", "Parameter"): Parameter,
-             ("torch", "Size"): _size, ("torch", "device"): Device,
-             ("collections", "OrderedDict"): collections.OrderedDict,
-             ("_codecs", "encode"): _encode}
-    for builtins in ("builtins", "__builtin__"):
-        table.update({(builtins, "set"): set, (builtins, "frozenset"): frozenset,
-                      (builtins, "complex"): complex})
-    for name in _format.DTYPE_OF_STORAGE:
-        table[("torch", name)] = _StorageType(name)
-    for torch_name, name in _format.DTYPE_OF_TORCH_NAME.items():
-        table[("torch", torch_name)] = _format.numpy_dtype(name)
-    return table
-
-
-ALLOWED = _allowed_globals()
-_user_allowed = {}  # (module, name) -> object: add_safe_globals
-
-
-def _global_name(entry):
-    if isinstance(entry, tuple):
-        obj, dotted = entry
-        module, _, name = dotted.rpartition(".")
-        return (module, name), obj
-    return (entry.__module__, entry.__qualname__), entry
-
-
-def add_safe_globals(safe_globals):
-    """PyTorch's ``torch.serialization.add_safe_globals``: admit these globals
-    (classes or functions, or ``(object, "module.name")`` pairs) in
-    ``weights_only=True`` loads of this process. Whatever they do when the
-    file calls them, you vouch for."""
-    _user_allowed.update(_global_name(entry) for entry in safe_globals)
-
-
-def get_safe_globals():
-    return list(_user_allowed.values())
-
-
-def clear_safe_globals():
-    _user_allowed.clear()
-
-
-class safe_globals:  # noqa: N801 - PyTorch's name
-    """``with safe_globals([...]):`` admits the globals inside the block only."""
-
-    def __init__(self, safe_globals):
-        self._entries = dict(_global_name(entry) for entry in safe_globals)
-
-    def __enter__(self):
-        self._before = dict(_user_allowed)
-        _user_allowed.update(self._entries)
-        return self
-
-    def __exit__(self, *exc):
-        _user_allowed.clear()
-        _user_allowed.update(self._before)
-        return False
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, data, archive, map_location, weights_only, encoding):
+    def __init__(self, data, encoding, storages, description):
         super().__init__(io.BytesIO(data), encoding=encoding)
-        self._archive, self._map, self._weights_only = archive, map_location, weights_only
-        self._storages = {}
+        self._storages, self._description = storages, description
 
     def find_class(self, module, name):
-        found = ALLOWED.get((module, name), _user_allowed.get((module, name)))
+        found = ALLOWED.get((module, name), user_allowed().get((module, name)))
         if found is not None:
             return found
-        if self._weights_only:
-            raise pickle.UnpicklingError(
-                f"Weights only load failed: {self._archive.description}: Unsupported "
-                f"global: GLOBAL {module}.{name} is not admitted by spmdnet.load("
-                "weights_only=True) (tensors, Parameter, OrderedDict, Size, device, dtypes, "
-                "set, frozenset, complex and plain containers). Nothing from the file was "
-                "run. If you trust this global, admit it with spmdnet.serialization."
-                "add_safe_globals([...]); weights_only=False imports and calls whatever the "
-                "file names: use it only for a file you trust.")
         if module == "torch" or module.startswith("torch."):
-            raise pickle.UnpicklingError(f"{self._archive.description} names the PyTorch "
-                                         f"global {module}.{name}, which spmdnet has no "
-                                         "counterpart for")
+            raise Refused(f"it names the PyTorch global {module}.{name}, which spmdnet has "
+                          "no counterpart for")
         return super().find_class(module, name)
 
     def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType)):
-            raise pickle.UnpicklingError(f"{self._archive.description}: unknown persistent "
-                                         f"id {pid!r} (expected a torch storage)")
-        _, kind, key, location, numel = pid
-        if key not in self._storages:
-            if kind.dtype_name == _format.BFLOAT16 and "bfloat16" not in _said:
-                _said.add("bfloat16")
-                warnings.warn(f"{self._archive.description} holds bfloat16 tensors: NumPy has "
-                              "no bfloat16, so they load as float32 (exactly, every bfloat16 "
-                              "is a float32)", UserWarning, stacklevel=3)
-            array = self._archive.storage(key, kind.dtype_name, int(numel))
-            self._storages[key] = _place(array, str(location), self._map)
-        return self._storages[key]
+        return self._storages.load(pid)
 
 
 def _place(array, location, map_location):
@@ -213,7 +200,10 @@ def _place(array, location, map_location):
         target = str(map_location.get(location, location))
     elif map_location is not None:
         target = str(map_location)
-    kind = Device(target).type
+    try:
+        kind = Device(target).type
+    except (TypeError, ValueError) as e:
+        raise Refused(f"storage location {describe(target)} is not a device ({e})") from None
     if kind == "cpu":
         return array
     if kind == "cuda":
@@ -227,25 +217,53 @@ def _place(array, location, map_location):
                        "and 'cuda'")
 
 
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 40
+
+
+def _limit(max_bytes):
+    if max_bytes is None:
+        return config.get_bytes("SPMDNET_LOAD_MAX_BYTES", None) or _physical_memory()
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"load(max_bytes={max_bytes!r}): expected a whole number of bytes "
+                         ">= 0")
+    return max_bytes
+
+
 def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=None,
-         **pickle_load_args):
+         max_bytes=None, **pickle_load_args):
     """Read what ``torch.save`` (or ``spmdnet.save``) wrote to ``f`` (a path
     or a binary file object). ``map_location``: None (each tensor where it
     was saved), a device or name, a dict of location names, or a callable
     ``(storage, location) -> storage``. ``mmap`` is accepted and ignored:
-    storages are read into memory."""
+    storages are read into memory. ``max_bytes`` (spmdnet's): the most bytes
+    the load may read into memory, checked against the sizes the file's
+    records declare before any is read (default ``SPMDNET_LOAD_MAX_BYTES``,
+    else the machine's physical memory)."""
     if pickle_module not in (None, pickle):
         raise ValueError(f"load() reads with Python's pickle; pickle_module="
                          f"{pickle_module!r} is not supported")
     encoding = pickle_load_args.pop("encoding", "utf-8")
     if pickle_load_args:
         raise TypeError(f"load() got unexpected keyword arguments {sorted(pickle_load_args)}")
-    stream, description, close = _format.open_source(f)
+    limit = _limit(max_bytes)
+    weights_only = True if weights_only is None else weights_only  # PyTorch >= 2.6's default
+    stream, description, close = open_source(f)
     try:
-        archive = _format.ArchiveReader(stream, description)
-        unpickler = _Unpickler(archive.read("data.pkl"), archive, map_location,
-                               weights_only, encoding)
-        return unpickler.load()
+        try:
+            archive = ArchiveReader(stream, description, limit)
+            data = archive.read("data.pkl", limit=archive.budget)
+            storages = _Storages(archive, map_location)
+            if weights_only:
+                # ~100 bytes per container or object built (a list is 56 and more)
+                objects = archive.budget // 100
+                return _WeightsOnly(data, encoding, storages, objects).load()
+            return _FullUnpickler(data, encoding, storages, description).load()
+        except Refused as e:
+            raise LoadError(f"{description}: {e}") from None
     finally:
         if close:
             stream.close()

@@ -10,8 +10,8 @@ def count_steps(monkeypatch, op, steps):
     for step in calls:
         kernel = row[step]
 
-        def counted(*args, _kernel=kernel, _step=step):
+        def counted(*args, _kernel=kernel, _step=step, **kwargs):
             calls[_step] += 1
-            return _kernel(*args)
+            return _kernel(*args, **kwargs)
         monkeypatch.setitem(row, step, counted)
     return calls

@@ -88,29 +88,28 @@ def test_grads_are_views_into_buckets():
     ddp.close()
 
 
-class CountingReducer:
+class CountingReduction:
+    """The buffer's comm hook, counting the collectives it starts and lands."""
+
     def __init__(self, inner):
         self.inner, self.calls = inner, 0
 
-    def start(self, bucket):
+    def start(self, bc, bucket):
         self.calls += 1
-        self.inner.start(bucket)
+        return self.inner.start(bc, bucket)
 
-    def wait(self, bucket):
+    def land(self, bucket):
         self.calls += 1
-        self.inner.wait(bucket)
+        self.inner.land(bucket)
 
-    def poke(self):
-        self.inner.poke()
-
-    def close(self):
-        self.inner.close()
+    def finished(self):
+        self.inner.finished()
 
 
 def test_no_sync_accumulates_locally_then_reduces_the_sum():
     serial, model = make_model(), make_model()
     ddp = parallel.DataParallel(model, bucket_mb=0.0005)
-    ddp.reducer = counter = CountingReducer(ddp.reducer)
+    ddp.buffer.reduction = counter = CountingReduction(ddp.buffer.reduction)
     (x1, y1), (x2, y2) = global_batch(1), global_batch(2)
     with ddp.no_sync():
         F.cross_entropy(ddp(sn.tensor(local_slice(x1))), local_slice(y1)).backward()

@@ -10,7 +10,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
-from spmdnet.distributed import guard
+from spmdnet.distributed import bucket_collectives, guard
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 
@@ -184,7 +184,9 @@ def test_every_collective_is_guarded_in_check_mode(check_mode, monkeypatch):
     fsdp, ref = make(), net()
     real = fsdp.comm
     rec = RecordingComm(real)
-    for holder in [fsdp, fsdp.prefetcher, fsdp.reducer, *fsdp.flats()]:
+    holders = [fsdp, *fsdp.flats()] + [h.bc for h in [fsdp.prefetcher, fsdp.reducer,
+                                                       *fsdp.flats()]]
+    for holder in holders:
         holder.comm = rec
     waits = []
     guarded = dist.guarded
@@ -194,6 +196,7 @@ def test_every_collective_is_guarded_in_check_mode(check_mode, monkeypatch):
             waits.append(op)
         return guarded(op, comm, *args, **kwargs)
     monkeypatch.setattr(dist, "guarded", counting)
+    monkeypatch.setattr(bucket_collectives, "guarded", counting)
     opts = [optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (fsdp, ref)]
     for step in range(3):
         backward_both(fsdp, ref, opts, step)
@@ -204,7 +207,7 @@ def test_every_collective_is_guarded_in_check_mode(check_mode, monkeypatch):
     assert rec.unguarded == []
     assert rec.started == len(waits)  # every non-blocking request completed under the guard
     assert (rec.started > 0) == (dist.size() > 1)
-    for holder in [fsdp, fsdp.prefetcher, fsdp.reducer, *fsdp.flats()]:
+    for holder in holders:
         holder.comm = real
     assert_close(state, ref.state_dict())
     fsdp.close()

@@ -7,6 +7,7 @@ import pytest
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
+from spmdnet.autograd.grad_placement import grad_home
 from tests.mpi.test_zero import make_model
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
@@ -20,7 +21,7 @@ def batch(step):
 def assert_grads_home(ddp, homes):
     for bucket in ddp.buckets:
         for p in bucket.params:
-            assert p.grad is homes[id(p)] and p.grad is p.grad_buffer
+            assert p.grad is homes[id(p)] and p.grad is grad_home(p)
             assert isinstance(p.grad, sn.Tensor)
             assert np.shares_memory(p.grad.array, bucket.buffer)
 
@@ -41,7 +42,7 @@ def test_grads_stay_bucket_views_through_steps_no_sync_and_clipping():
     ddp = parallel.DataParallel(model, bucket_mb=0.0002)
     assert len(ddp.buckets) > 1
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    homes = {id(p): p.grad_buffer for p in model.parameters()}
+    homes = {id(p): grad_home(p) for p in model.parameters()}
     for step, (zero, micro, clip) in enumerate(STEPS):
         if zero == "opt.zero_grad()":
             opt.zero_grad()
@@ -82,7 +83,7 @@ def test_grads_stay_bucket_views_through_steps_no_sync_and_clipping():
 def test_assigned_gradient_is_brought_home_and_reduced(assign):
     layer = nn.Linear(1, 4, bias=False)
     ddp = parallel.DataParallel(layer, bucket_mb=0.0001)
-    home = layer.weight.grad_buffer
+    home = grad_home(layer.weight)
     ddp(sn.tensor(np.array([[1.0]]))).sum().backward()  # d/dw = 1 on every rank
     assert layer.weight.grad is home
     assign(layer.weight, np.full((4, 1), float(dist.rank())))
@@ -98,7 +99,7 @@ def test_zero_over_data_parallel_keeps_bucket_views():
     ddp = parallel.DataParallel(model, bucket_mb=0.0002)
     zo = parallel.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.Adam,
                                           lr=0.01)
-    homes = {id(p): p.grad_buffer for p in model.parameters()}
+    homes = {id(p): grad_home(p) for p in model.parameters()}
     shard_grad = None
     for step in range(3):
         zo.zero_grad(set_to_none=step != 1)

@@ -42,7 +42,7 @@ def test_shares_cover_the_dataset_as_documented(shuffle, drop_last):
     shares = COMM.allgather(mine)
     per_rank = 11 // size if drop_last else -(-11 // size)
     assert all(len(s) == per_rank for s in shares)
-    order = np.random.Generator(np.random.PCG64(3)).permutation(11) if shuffle else \
+    order = torch.randperm(11, generator=torch.Generator().manual_seed(3)).numpy() if shuffle else \
         np.arange(11)
     padded = np.resize(order, per_rank * size)  # pad from the start, or cut the tail
     for r, share in enumerate(shares):

@@ -83,7 +83,7 @@ def test_zero2_equals_serial(cls, kw, bucket_mb):
     ref_opt = cls(trainable(ref), **kw)
     zo = parallel.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=cls, stage=2,
                                           bucket_mb=bucket_mb, **kw)
-    assert len(zo._grads.buckets) > (1 if bucket_mb == TINY_MB else 0)
+    assert len(zo.buffer.buckets) > (1 if bucket_mb == TINY_MB else 0)
     for step in range(4):
         x, y = global_batch(step)
         max_norm = 0.05 if step % 2 else None  # clipping bites: the norms are ~0.3
@@ -240,9 +240,9 @@ def test_buckets_start_during_backward_and_free_their_staging():
                                           stage=2, bucket_mb=TINY_MB, lr=0.1)
     x, y = local(*global_batch(0))
     F.cross_entropy(model(sn.tensor(x)), y).backward()
-    buckets = zo._grads.buckets
-    assert len(buckets) >= 3 and zo._grads.started_early == len(buckets)
-    assert all(b.buffer is None and b.request is None for b in buckets)
+    buckets = zo.buffer.buckets
+    assert len(buckets) >= 3 and zo.buffer.started_early == len(buckets)
+    assert all(b.buffer is None and b.work is None for b in buckets)
     assert zo.grad_bytes() == zo.grad_shard.nbytes == 8 * -(-89 // dist.size())
     zo.step()
     zo.close()

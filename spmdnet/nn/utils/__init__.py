@@ -1,7 +1,7 @@
 """``nn.utils``: PyTorch's gradient clipping (``clip_grad``; ``optim.clip_grad_norm_``
 is the same function) and parameter/vector conversions.
 """
-from ... import functional as F
+from .. import functional as F
 from ..._tensor import Tensor
 from ...backend import xp_of
 from .clip_grad import clip_grad_norm_, clip_grad_value_, clip_grads_with_norm_, get_total_norm

@@ -4,7 +4,9 @@
   equal shards, views) and the grouping of parameters into buckets;
 - ``wrapping``: the same-model check at wrap time, the backward sentinel,
   ``no_sync`` and the ``nonfinite=`` check agreed by all ranks;
-- ``requests``: polling and guarded waiting of non-blocking MPI requests;
+- ``grad_buffer``: ``ParamAndGradBuffer``, the flat parameter and gradient
+  storage and gradient buckets under DataParallel and ZeRO (its collectives
+  in ``distributed.bucket_collectives``), with ``reductions`` its comm hooks;
 - ``norm``: the one cross-rank gradient norm behind every sharded
   ``clip_grad_norm_`` and ``parallel.clip_grad_norm_``.
 """

@@ -8,6 +8,7 @@ import contextlib
 from ... import distributed as dist
 from ...autograd import Function
 from ...backend import xp_of
+from ...distributed.bucket_collectives import allgather_objects
 from ...errors import DistributedError, NonFiniteError
 
 
@@ -15,8 +16,7 @@ def check_same_parameters(comm, named):
     """Raise DistributedError on every rank unless all ranks hold parameters
     with the same names, shapes and dtypes (in the same order)."""
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named]
-    with dist.guarded("allgather(DataParallel parameters)", comm):
-        everyone = comm.allgather(mine)
+    everyone = allgather_objects(mine, comm, "allgather(DataParallel parameters)")
     for r, theirs in enumerate(everyone):
         if theirs == everyone[0]:
             continue
@@ -85,12 +85,13 @@ def nonfinite_mode(nonfinite):
     return nonfinite or "ignore"
 
 
-def nonfinite_names(buffer, views, names):
-    """Names of the ``views`` (into the flat ``buffer``) holding NaN or Inf."""
-    xp = xp_of(buffer)
-    if bool(xp.isfinite(buffer).all()):
+def nonfinite_names(arrays, names, whole=None):
+    """Names of the ``arrays`` holding NaN or Inf: the one non-finite scan of
+    every strategy. ``whole``: a flat array they are all views of, scanned
+    first (one pass when everything is finite)."""
+    if whole is not None and bool(xp_of(whole).isfinite(whole).all()):
         return []
-    return [name for name, v in zip(names, views) if not bool(xp.isfinite(v).all())]
+    return [name for name, a in zip(names, arrays) if not bool(xp_of(a).isfinite(a).all())]
 
 
 def agree_nonfinite(bad, mode, comm, step):
@@ -100,8 +101,7 @@ def agree_nonfinite(bad, mode, comm, step):
     naming each rank and parameter, "skip" returns True (rank 0 logs it)."""
     if not dist.allreduce(int(bool(bad)), op="max", comm=comm):
         return False
-    with dist.guarded("allgather(non-finite gradients)", comm):
-        everyone = comm.allgather(list(bad))
+    everyone = allgather_objects(list(bad), comm, "allgather(non-finite gradients)")
     table = [f"rank {r} parameter {name!r}" for r, names in enumerate(everyone)
              for name in names]
     at = "" if step is None else f" at step {step}"

@@ -1,14 +1,15 @@
 """Data parallelism: every rank holds the whole model, gradients are averaged.
 
-- ``ddp``: ``DataParallel`` (PyTorch's DistributedDataParallel semantics)
-  and ``DistributedDataParallel`` (the same class with PyTorch's arguments);
-- ``buckets``: the flat gradient buckets its ``.grad`` tensors are views of;
-- ``reducer``: how bucket allreduces overlap backward;
+- ``DataParallel``: ``DistributedDataParallel`` itself (implemented at
+  PyTorch's path, ``spmdnet/nn/parallel/distributed.py``: a
+  ``_common.grad_buffer.ParamAndGradBuffer`` that all-reduces);
 - ``join``: uneven numbers of batches (``with ddp.join():``);
 - ``explicit``: ``allreduce_gradients``, the hook-free way.
 """
-from .ddp import DataParallel, DistributedDataParallel
+from ...nn.parallel.distributed import DistributedDataParallel
 from .explicit import allreduce_gradients
 from .join import Join
+
+DataParallel = DistributedDataParallel  # DESIGN's name: one class, DDP's meaning
 
 __all__ = ["DataParallel", "DistributedDataParallel", "allreduce_gradients", "Join"]

@@ -2,7 +2,7 @@
 from ... import distributed as dist
 from ...backend import xp_of
 from .._common.flat import FlatLayout
-from .._common.wrapping import agree_nonfinite, nonfinite_mode
+from .._common.wrapping import agree_nonfinite, nonfinite_mode, nonfinite_names
 
 
 def allreduce_gradients(params, comm=None, nonfinite="ignore"):
@@ -19,9 +19,9 @@ def allreduce_gradients(params, comm=None, nonfinite="ignore"):
     comm = dist.comm_or_default(comm)
     params = [p for p in params if p.requires_grad]
     if nonfinite_mode(nonfinite) != "ignore":
-        bad = [f"#{i} (shape {tuple(p.shape)})" for i, p in enumerate(params)
-               if p.grad is not None and not bool(xp_of(p.grad.array).isfinite(
-                   p.grad.array).all())]
+        held = [(f"#{i} (shape {tuple(p.shape)})", p.grad.array)
+                for i, p in enumerate(params) if p.grad is not None]
+        bad = nonfinite_names([a for _, a in held], [n for n, _ in held])
         if agree_nonfinite(bad, nonfinite, comm, None):
             for p in params:
                 p.grad = None

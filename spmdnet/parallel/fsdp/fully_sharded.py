@@ -34,21 +34,22 @@ splits each unit's parameters into one flat per distinct options dict
 (``wrap``); ``fsdp.param_groups()`` then returns the optimizer's
 groups.
 """
-from collections import OrderedDict
 
 import numpy as np
 
 from ... import distributed as dist
+from ..._owned_storage import release
 from ..._tensor import Tensor
 from ...backend import xp_of
 from ...autograd import is_grad_enabled, queue_callback
-from ...nn.containers import MANAGED_BY
-from ...nn.module import Module
+from ...autograd.grad_placement import place_grad
+from ...nn.modules.module import Module
 from .._common.norm import clip_arrays_
 from .._common.wrapping import NoSync, agree_nonfinite, nonfinite_mode, wrapping
 from .optim_state import full_optim_state, load_full_optim_state
 from .prefetch import Prefetcher, ReduceScatters
-from .units import ChainEnd, Pool, Unit, UnitRun
+from .module_hooks import run_unit, state_hooks, unit_hooks
+from .units import ChainEnd, Pool, Unit
 from .wrap import optimizer_groups, owners, policy, split_flats
 
 
@@ -87,7 +88,7 @@ class FullyShardedDataParallel(NoSync, Module):
             dist.broadcast(p.array, root=0, comm=self.comm)
         for _, b in module.named_buffers():
             dist.broadcast(b.array, root=0, comm=self.comm)
-        self.units = []
+        self.units, self._module_hooks = [], []
         self._finish_scheduled = self._open_forward = False
         self._chaining, self._last_unit_out = False, None  # see units.ChainEnd
         self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
@@ -99,44 +100,29 @@ class FullyShardedDataParallel(NoSync, Module):
                 continue  # a wrapped module with no parameters of its own runs as it is
             unit = Unit(uname, mod, flats, recompute=bool(uname) and reshard_after_forward)
             self.units.append(unit)
-            if unit.recompute:
-                object.__setattr__(mod, "forward", self._runner(unit))
-                # its parameters are freed between uses: a Sequential around it
-                # must call this forward, never fuse the module away (containers.py)
-                object.__setattr__(mod, MANAGED_BY, type(self).__name__)
+            if unit.recompute:  # its hooks gather, free and record the UnitRun
+                self._module_hooks += unit_hooks(self, unit)
         # MPICH progresses non-blocking collectives only inside MPI calls: every
         # gradient accumulated into a unit parameter polls the requests in flight.
         self._hooks = [p.register_post_accumulate_grad_hook(self._poke_hook)
                        for f in self.flats() for p in f.params]
         # The model's own state_dict would save its freed (zero-size) parameters:
         # on the wrapped model, as on the wrapper, it is the gathered full state.
-        object.__setattr__(module, "state_dict", self.state_dict)
-        object.__setattr__(module, "load_state_dict", self.load_state_dict)
+        self._module_hooks += state_hooks(self, module)
         for i, unit in enumerate(self.units):
             for j, f in enumerate(unit.flats):
                 self.register_parameter(f"shard_{i}_{j}", f.shard)
 
-    def _runner(self, unit):
-        def run(*args, **kwargs):
-            if not is_grad_enabled():
-                unit.gather()
-                try:
-                    return _owned(unit.forward(*args, **kwargs), [unit])
-                finally:
-                    unit.free()
-            bad = [type(a).__name__ for a in args if not isinstance(a, Tensor)]
-            if bad:
-                raise TypeError(f"FSDP unit {unit.name!r}: positional arguments must be "
-                                f"Tensors, got {bad} (pass other values as keywords)")
-            shards = [f.shard for f in unit.flats]
-            prev = self._last_unit_out
-            links = [] if prev is None or any(prev is a for a in args) else [prev]
-            out = UnitRun.apply(*shards, *args, *links, unit=unit, n_shards=len(shards),
-                                n_links=len(links), kwargs=kwargs, owner=self)
-            if self._chaining:  # the next unit (or the model's output) links to it
-                self._last_unit_out = out
-            return out
-        return run
+    def record_unit(self, unit, args, kwargs, data, rng):
+        """A wrapped unit's training forward is done (``module_hooks``): its
+        output ``data`` as the result of a ``UnitRun``, linked to the previous
+        unit's output (see ``units.ChainEnd``)."""
+        prev = self._last_unit_out
+        links = [] if prev is None or any(prev is a for a in args) else [prev]
+        out = run_unit(self, unit, args, kwargs, data, rng, links)
+        if self._chaining:  # the next unit (or the model's output) links to it
+            self._last_unit_out = out
+        return out
 
     # -- forward / backward ----------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -261,35 +247,23 @@ class FullyShardedDataParallel(NoSync, Module):
         """The full state with the original model's keys (every rank, or rank 0
         only): Tensors that are copies, on the model's device. Between forward
         and backward too: units whose full parameters a pending backward holds
-        stay as they are (not gathered, not freed)."""
-        gathered = [f for f in self.flats() if not f.live]
-        for f in gathered:
-            f.gather()
-        try:  # copies, as PyTorch's full state: the gathered arrays are freed below
-            state = OrderedDict((k, Tensor(t.array.copy()))
-                                for k, t in Module.state_dict(self.module).items())
-        finally:
-            for f in gathered:
-                f.free()
+        stay as they are (not gathered, not freed). The wrapped model's own
+        ``state_dict()`` gives the same (``module_hooks.state_hooks``)."""
+        state = self.module.state_dict()
         return {} if rank0_only and self.rank else state
 
     def load_state_dict(self, state, strict=True):
         """Load a full state (as ``state_dict`` returns) and keep this rank's
-        shards. Not between forward and backward (RuntimeError): the pending
-        backward would recompute or differentiate with other parameters."""
+        shards (as the wrapped model's own ``load_state_dict``). Not between
+        forward and backward (RuntimeError): the pending backward would
+        recompute or differentiate with other parameters."""
+        return self.module.load_state_dict(state, strict=strict)
+
+    def check_loadable(self):
         if self._open_forward:
             raise RuntimeError("FSDP.load_state_dict called between forward and backward: "
                                "the pending backward needs the parameters its forward "
                                "used; run backward first (or the forward under no_grad)")
-        fulls = [(f, f.gather()) for f in self.flats()]
-        try:
-            result = Module.load_state_dict(self.module, state, strict=strict)
-            for f, full in fulls:
-                f.load_full(full)
-        finally:
-            for f, _ in fulls:
-                f.free()
-        return result
 
     def sharded_state_dict(self):
         """This rank's shards and the model's buffers, for a per-rank checkpoint."""
@@ -325,18 +299,13 @@ class FullyShardedDataParallel(NoSync, Module):
         for f in self.flats():
             f.gather()
             for p in f.params:
-                p.grad_buffer = None
+                place_grad(p, None)
                 p.grad = None
-                p._storage_owner = None  # the full array is the parameter's own again
-        for unit in self.units:
-            unit.module.__dict__.pop("forward", None)
-            unit.module.__dict__.pop(MANAGED_BY, None)
+                release(p)  # the full array is the parameter's own again
         self.pool.clear()
-        for handle in self._hooks:
+        for handle in self._hooks + self._module_hooks:
             handle.remove()
-        self._hooks = []
-        for attr in ("state_dict", "load_state_dict"):
-            self.module.__dict__.pop(attr, None)
+        self._hooks, self._module_hooks = [], []
         if self.comm is not None:
             dist.free(self.comm)
             self.comm = None

@@ -16,22 +16,20 @@ MPICH progresses non-blocking collectives only inside MPI calls: every
 gather and ``poke()`` tests the requests in flight. Device (CuPy) shards use
 blocking gathers (the host staging of ``dist.allgather``).
 
-Both start their requests on the raw communicator and complete them inside
-``dist.guarded`` (as DataParallel's reducer), in start order on every rank,
-so the sequence numbers, the check mode and the watchdog see every one.
-``wait_s`` sums the seconds spent waiting (the exposed communication:
-``Wait()`` of non-blocking requests, and the whole of blocking calls).
+Both run their collectives through a ``distributed.bucket_collectives.BucketComm``
+(as the buffer under DataParallel and ZeRO), completed inside ``guarded``
+in start order on every rank, so the sequence numbers, the check mode and
+the watchdog see every one. ``wait_s`` sums the seconds spent waiting (the
+exposed communication: the wait of non-blocking collectives, and the whole
+of blocking ones).
 """
-import time
-
-from ... import distributed as dist
 from ...backend import is_cupy_array
-from .._common.requests import guarded_wait, progress
+from ...distributed.bucket_collectives import BucketComm
 
 
 class Prefetcher:
     def __init__(self, comm, enabled):
-        self.comm, self.enabled = comm, enabled and comm.Get_size() > 1
+        self.bc, self.enabled = BucketComm(comm, "nonblocking"), enabled and comm.Get_size() > 1
         self.last = {}  # phase -> [flat] gathered in that phase last time
         self.phase, self.seen, self.pending = None, [], {}
         self.hits, self.wait_s = 0, 0.0
@@ -56,9 +54,8 @@ class Prefetcher:
         """The full (padded) flat array of ``flat``: prefetched or gathered now."""
         full = self._wait(flat) if flat in self.pending else None
         if full is None:
-            t0 = time.perf_counter()
-            full = flat.gather_params()
-            self.wait_s += time.perf_counter() - t0
+            full, waited = flat.gather_params()
+            self.wait_s += waited
         else:
             self.hits += 1
         if self.phase is None:
@@ -71,33 +68,32 @@ class Prefetcher:
         return full
 
     def poke(self):
-        progress(req for req, _ in self.pending.values())
+        self.bc.progress(work for work, _ in self.pending.values())
 
     def _start(self, flat):
         buf = flat.take()
-        req = self.comm.Iallgather(flat.shard.array, buf)
-        self.pending[flat] = (req, buf)
+        work = self.bc.all_gather(flat.shard.array, buf, "allgather(FSDP prefetch)")
+        self.pending[flat] = (work, buf)
         self.poke()  # a first progress call: the transfer starts before the next compute
 
     def _wait(self, flat):
-        req, buf = self.pending.pop(flat)
-        self.wait_s += guarded_wait("allgather(FSDP prefetch)", self.comm, req, buf)
+        work, buf = self.pending.pop(flat)
+        self.wait_s += work.wait()
         return buf
 
 
 class ReduceScatters:
     """Gradient reduce-scatters in flight: ``start(flat, full)`` begins the
-    sum of the full flat gradient over the group, in place
-    (``Ireduce_scatter_block(IN_PLACE)``: this rank's slice lands at the
-    start of ``full``, no receive buffer); ``wait_all()`` completes them in
-    start order, divides by the group size (the mean, as DataParallel) and
-    adds each slice to its shard's ``.grad``. ``enabled=False`` (or CuPy
-    buffers): blocking ``dist.reduce_scatter`` at ``start``."""
+    sum of the full flat gradient over the group, in place (this rank's
+    slice lands at the start of ``full``, no receive buffer); ``wait_all()``
+    completes them in start order, divides by the group size (the mean, as
+    DataParallel) and adds each slice to its shard's ``.grad``.
+    ``enabled=False`` (or CuPy buffers): blocking, at ``start``."""
 
     def __init__(self, comm, enabled=True):
-        self.comm, self.size = comm, comm.Get_size()
-        self.enabled = enabled
-        self.pending = []  # (flat, request, full gradient)
+        self.size = comm.Get_size()
+        self.bc = BucketComm(comm, "nonblocking" if enabled else "none")
+        self.pending = []  # (flat, work, full gradient)
         self.wait_s = 0.0
 
     def start(self, flat, full):
@@ -108,25 +104,27 @@ class ReduceScatters:
             flat.add_grad(full)
             if not owned:
                 flat.give(full)
-        elif not self.enabled or is_cupy_array(full):
-            t0 = time.perf_counter()
-            flat.add_grad(dist.reduce_scatter(full, op="mean", comm=self.comm))
-            self.wait_s += time.perf_counter() - t0
-            flat.give(full)
         else:
-            req = self.comm.Ireduce_scatter_block(dist.mpi().IN_PLACE, full, dist.mpi().SUM)
-            self.pending.append((flat, req, full))
+            work = self.bc.reduce_scatter_in_place(full, "reduce_scatter(FSDP gradient)")
+            if self.bc.mode == "none" or is_cupy_array(full):
+                self.wait_s += work.wait()  # blocking: done here, nothing in flight
+                self._land(flat, full)
+                return
+            self.pending.append((flat, work, full))
             self.poke()
 
     def poke(self):
-        progress(entry[1] for entry in self.pending)
+        self.bc.progress(entry[1] for entry in self.pending)
 
     def wait_all(self):
         while self.pending:
-            flat, req, full = self.pending.pop(0)
-            self.wait_s += guarded_wait("reduce_scatter(FSDP gradient)", self.comm, req, full)
-            mine = full[:flat.layout.shard_numel]
-            mine /= self.size
-            # a new .grad is a copy: a view would keep the whole flat gradient alive
-            flat.add_grad(mine if flat.shard.grad is not None else mine.copy())
-            flat.give(full)
+            flat, work, full = self.pending.pop(0)
+            self.wait_s += work.wait()
+            self._land(flat, full)
+
+    def _land(self, flat, full):
+        mine = full[:flat.layout.shard_numel]
+        mine /= self.size
+        # a new .grad is a copy: a view would keep the whole flat gradient alive
+        flat.add_grad(mine if flat.shard.grad is not None else mine.copy())
+        flat.give(full)

@@ -33,11 +33,16 @@ output. A unit whose output reaches the loss on some ranks only then
 gathers and reduce-scatters (zeros) on the others too, instead of leaving
 them in another collective (a deadlock).
 """
+import time
+
 from ... import distributed as dist
 from ... import random as sn_random
+from ..._owned_storage import claim
 from ..._tensor import Tensor
-from ...autograd import Function, enable_grad, no_grad
+from ...autograd import Function, enable_grad
+from ...autograd.grad_placement import place_grad
 from ...backend import is_cupy_array, xp_of
+from ...distributed.bucket_collectives import BucketComm
 from ...nn import Parameter
 from .._common.flat import FlatLayout
 from .._common.wrapping import nonfinite_names
@@ -79,6 +84,7 @@ class Flat:
     def __init__(self, names, params, comm, options=None, source=None, pool=None,
                  check_nonfinite=False):
         self.names, self.params, self.comm = names, params, comm
+        self.bc = BucketComm(comm, "none")  # blocking gathers of this flat's parameters
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.layout = FlatLayout([p.shape for p in params], parts=self.size)
         first = params[0].array
@@ -87,12 +93,13 @@ class Flat:
                                 [p.array for p in params])
         self.shard = Parameter(self.layout.shard_of(full, self.rank).copy())
         for name, p in zip(names, params):  # p.data = t would escape gather/free
-            p._storage_owner = f"parameter {name!r} of FullyShardedDataParallel"
+            claim(p, f"parameter {name!r} of FullyShardedDataParallel")
         self.options = dict(options or {})
         self.source, self.pool = source, pool
         self.bad = [] if check_nonfinite else None
         self.acc = None  # the local full gradient kept across no_sync() steps
         self.full = None  # the gathered full array while the parameters view it
+        self.homes = None  # the Tensors over a flat gradient the parameters' gradients go into
         self.free()
 
     @property
@@ -122,21 +129,21 @@ class Flat:
         return dist.allgather(shard, comm=self.comm).reshape(-1)
 
     def gather_params(self):
-        """The full flat parameters, all-gathered (blocking) into a pooled buffer."""
+        """(The full flat parameters, all-gathered (blocking) into a pooled
+        buffer; the seconds it took)."""
         if is_cupy_array(self.shard.array):
-            return self.allgather()
+            t0 = time.perf_counter()
+            return self.allgather(), time.perf_counter() - t0
         buf = self.take()
         if self.size == 1:
             buf[...] = self.shard.array
-            return buf
-        with dist.guarded("allgather(FSDP parameters)", self.comm, self.shard.array):
-            self.comm.Allgather(self.shard.array, buf)
-        return buf
+            return buf, 0.0
+        return buf, self.bc.all_gather(self.shard.array, buf, "allgather(FSDP parameters)").wait()
 
     def gather(self):
         """All-gather the shard (through ``source``, the prefetcher, when set);
         point every parameter at its view. Returns the full array."""
-        full = self.source.fetch(self) if self.source is not None else self.gather_params()
+        full = self.source.fetch(self) if self.source is not None else self.gather_params()[0]
         self.view(full)
         return full
 
@@ -157,8 +164,9 @@ class Flat:
             self.full = None
         for p in self.params:
             p.array = self.xp.empty(0, self.dtype)
-            p.grad_buffer = None
+            place_grad(p, None)
             p.grad = None
+        self.homes = None
 
     def load_full(self, full):
         """Keep this rank's slice of a full flat array as the shard."""
@@ -166,12 +174,13 @@ class Flat:
 
     # -- gradients -------------------------------------------------------------------
     def grad_homes(self):
-        """A zero flat gradient buffer; each parameter's ``grad_buffer`` a view of it."""
+        """A zero flat gradient buffer; each parameter's gradient placed in its view."""
         flat = self.take()
         flat[...] = 0
-        for p, view in zip(self.params, self.layout.views(flat)):
+        self.homes = [Tensor(view) for view in self.layout.views(flat)]
+        for p, home in zip(self.params, self.homes):
             p.grad = None
-            p.grad_buffer = Tensor(view)
+            place_grad(p, home)
         return flat
 
     def prepare(self, flat, sync):
@@ -179,8 +188,8 @@ class Flat:
         ready to reduce-scatter; None when ``sync`` is False (kept in ``acc``
         for the next sync step). Notes non-finite parameters in ``bad``."""
         views = self.layout.views(flat)
-        for p, view in zip(self.params, views):
-            if p.grad is not None and p.grad.array is not p.grad_buffer.array:
+        for p, view, home in zip(self.params, views, self.homes):
+            if p.grad is not None and p.grad.array is not home.array:
                 view[...] = p.grad.array  # a replaced .grad
         if self.acc is not None:
             flat += self.acc
@@ -190,7 +199,7 @@ class Flat:
             self.acc = flat
             return None
         if self.bad is not None:
-            self.bad += nonfinite_names(flat, views, self.names)
+            self.bad += nonfinite_names(views, self.names, whole=flat)
         return flat
 
     def add_grad(self, g):
@@ -264,29 +273,20 @@ class ChainEnd(Function):
 
 
 class UnitRun(Function):
-    """Run a wrapped unit: forward without a graph, backward by recomputation.
-    The last ``n_links`` inputs are links (see the module docstring): not
-    passed to the unit, zero gradients."""
+    """A wrapped unit's call in the graph: its forward already ran without a
+    graph (``module_hooks``; ``result`` its output, ``rng`` the RNG state it
+    started from), backward by recomputation. The last ``n_links`` inputs
+    are links (see the module docstring): not passed to the unit, zero
+    gradients."""
 
-    def forward(self, *arrays, unit=None, n_shards=0, n_links=0, kwargs=None, owner=None):
+    def forward(self, *arrays, unit=None, n_shards=0, n_links=0, kwargs=None, owner=None,
+                result=None, rng=None):
         self.unit, self.kwargs, self.owner = unit, kwargs or {}, owner
         end = len(arrays) - n_links
         self.inputs = arrays[n_shards:end]
         self.links = [(a.shape, a.dtype) for a in arrays[end:]]
-        self.rng = sn_random.get_rng_state()
-        unit.gather()
-        try:
-            with no_grad():
-                out = unit.forward(*[Tensor(x) for x in self.inputs], **self.kwargs)
-            if isinstance(out, Tensor):
-                out = Tensor(unit.own(out.array))
-        finally:
-            unit.free()
-        owner.poke()
-        if not isinstance(out, Tensor):
-            raise TypeError(f"FSDP unit {unit.name!r} must return one Tensor, "
-                            f"got {type(out).__name__}")
-        return out.array
+        self.rng = rng
+        return result
 
     def backward(self, g):
         unit, owner = self.unit, self.owner

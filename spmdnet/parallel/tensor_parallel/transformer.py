@@ -27,7 +27,7 @@ from ..._tensor import Tensor
 from ...autograd import Function
 from ...backend import xp_of
 from ...nn import Embedding, MultiheadAttention, Parameter
-from ...nn.attention import _additive
+from ...nn.modules.activation import _additive
 from .layers import (RowParallelLinear, TPModule, _ParallelLinear, _shard, check_comm,
                               split_shard, tp_rng_region)
 from .collectives import check_replicated, copy_to_group, reduce_from_group

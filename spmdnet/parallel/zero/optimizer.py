@@ -14,12 +14,16 @@ How the gradients arrive (``stage`` and ``reduce_gradients``):
   shard: ZeRO-2's communication, but backward still builds every full
   gradient.
 - ``stage=2``, without DataParallel: ZeRO-2. Gradients are reduce-scattered
-  bucket by bucket *during* backward (non-blocking, see ``grads``) and
-  each parameter's full ``.grad`` is dropped in its hook, so between steps a
-  rank keeps only its gradient shard (Ψ/P; ``.grad`` is None on every
-  parameter). Clip with ``zo.clip_grad_norm_(max_norm)`` (the global norm
-  over the shards). Reduce-scatter + allgather move the bytes of one
-  allreduce, as plain data parallelism.
+  bucket by bucket *during* backward (non-blocking: the buffer's buckets,
+  ``_common.grad_buffer``, with ``reductions.ReduceScatter``) and each
+  parameter's full ``.grad`` is dropped in its hook, so between steps a rank
+  keeps only its gradient shard (Ψ/P; ``.grad`` is None on every parameter;
+  during backward at most ``IN_FLIGHT + 1`` buckets' storage, ``bucket_mb``
+  capping one). A second backward before the next ``zero_grad`` adds into
+  the shard (gradient accumulation, one reduce-scatter per backward). Clip
+  with ``zo.clip_grad_norm_(max_norm)`` (the global norm over the shards).
+  Reduce-scatter + allgather move the bytes of one allreduce, as plain data
+  parallelism.
 
 ``nonfinite`` (DataParallel's option and default, "ignore"): "raise" or
 "skip" checks this rank's local gradients for NaN/Inf (stage 2 in the
@@ -35,15 +39,23 @@ from itertools import accumulate
 
 from ... import distributed as dist
 from ..._tensor import Tensor
-from ...backend import xp_of
+from ...autograd.grad_placement import has_placement
+from ...backend import is_cupy_array, xp_of
+from ...distributed.bucket_collectives import all_gather_in_place
 from ...nn.parameter import Parameter
 from ...nn.utils.clip_grad import clip_grad_norm_
 from ...optim import Adam
 from .._common.flat import FlatLayout
+from .._common.grad_buffer import ParamAndGradBuffer
 from .._common.norm import clip_arrays_
-from .._common.wrapping import agree_nonfinite, nonfinite_mode
-from .grads import DATA_PARALLEL_CLASH, GradientReduceScatter
+from .._common.reductions import ReduceScatter
+from .._common.wrapping import agree_nonfinite, nonfinite_mode, nonfinite_names
 from .state import full_state_dict, load_full_state_dict
+
+IN_FLIGHT = 2          # stage 2: buckets whose storage may be alive at once
+DATA_PARALLEL_CLASH = ("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gradients "
+                       "itself: do not wrap the model in DataParallel (use stage=1 over "
+                       "DataParallel, or stage 2 on the bare model)")
 
 
 class ZeroRedundancyOptimizer:
@@ -77,28 +89,35 @@ class ZeroRedundancyOptimizer:
         self.comm = dist.comm_or_default(comm)
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.stage, self.reduce_gradients = stage, reduce_gradients or stage == 2
-        if stage == 2 and any(getattr(p, "grad_buffer", None) is not None for p in self.params):
+        if stage == 2 and any(has_placement(p) for p in self.params):
             raise ValueError(DATA_PARALLEL_CLASH)
-        self._build_flat()
+        self._build_flat(bucket_mb)
         self.optim = optimizer_class([dict(g, params=[p]) for g, p in
                                       zip(self.groups, self.shard_params)], **defaults)
         self.defaults = self.optim.defaults
         self.param_groups = self.optim.param_groups
-        self._grads = GradientReduceScatter(self, bucket_mb) if stage == 2 else None
 
-    def _build_flat(self):
-        """One padded flat buffer; every parameter's data becomes a view of it."""
+    def _build_flat(self, bucket_mb):
+        """One padded flat buffer (the ``ParamAndGradBuffer``'s); every
+        parameter's data becomes a view of it. Stage 2: its buckets
+        reduce-scatter into ``grad_shard`` during backward."""
         first = self.params[0].array
         xp = xp_of(first)
         self.layout = FlatLayout([p.array.shape for p in self.params], parts=self.size)
-        self.flat = self.layout.pack(xp.zeros(self.layout.padded_numel, dtype=first.dtype),
-                                     [p.array for p in self.params])
-        for i, (p, view) in enumerate(zip(self.params, self.layout.views(self.flat))):
-            p.array = view  # from now on updated in place by the allgather
-            p._storage_owner = (f"parameter {i} (shape {tuple(view.shape)}) of "
-                                "ZeroRedundancyOptimizer")
         self.lo, self.hi = self.layout.shard_range(self.rank)
         self.grad_shard = xp.zeros(self.layout.shard_numel, dtype=first.dtype)
+        self._reduction = (ReduceScatter(self.grad_shard, self.lo, self.size)
+                           if self.stage == 2 else None)
+        self._grads_comm = dist.dup(self.comm) if self.stage == 2 else None  # private
+        self.buffer = ParamAndGradBuffer(
+            self.params, self.names, self._grads_comm or self.comm,
+            who="ZeroRedundancyOptimizer", parts=self.size, flat_params=True,
+            claim_names=[f"parameter {i} (shape {tuple(p.shape)})"
+                         for i, p in enumerate(self.params)],
+            reduction=self._reduction, grads="transient", bucket_mb=bucket_mb,
+            mode="none" if is_cupy_array(first) else "nonblocking", in_flight=IN_FLIGHT,
+            nonfinite=self.nonfinite)
+        self.flat = self.buffer.param_flats[first.dtype]
         # per group: its part of this rank's shard (the last group takes the padding)
         ends = [0] + list(accumulate(sum(p.array.size for p in g["params"])
                                      for g in self.groups))
@@ -107,7 +126,8 @@ class ZeroRedundancyOptimizer:
                          for a, b in zip(ends[:-1], ends[1:])]
         self.shard_params = [Parameter(self.flat[a:b]) for a, b in self.segments]
         for i, shard in enumerate(self.shard_params):
-            shard._storage_owner = f"the shard of parameter group {i} of ZeroRedundancyOptimizer"
+            self.buffer.claim(shard, f"the shard of parameter group {i} of "
+                              "ZeroRedundancyOptimizer")
         self._shard_grads = [Tensor(self.grad_shard if (a, b) == (self.lo, self.hi) else
                                     self.grad_shard[a - self.lo:b - self.lo])
                              for a, b in self.segments]  # the shards' .grad, made once
@@ -122,9 +142,9 @@ class ZeroRedundancyOptimizer:
 
     # -- the step --------------------------------------------------------------------
     def zero_grad(self, set_to_none=True):
-        if self._grads is not None:
+        if self._reduction is not None:
             self.grad_shard[...] = 0
-            self._grads.fresh = True
+            self._reduction.fresh = True
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -134,9 +154,10 @@ class ZeroRedundancyOptimizer:
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         bad, any_grad = [], True
-        if self._grads is not None:
-            self._grads.reduce_if_idle()
-            bad, self._grads.bad = self._grads.bad, []
+        if self._reduction is not None:
+            self._join_if_idle()
+            self.buffer.reductions = 0  # a new step begins
+            bad, self.buffer.bad = self.buffer.bad, []
         else:
             any_grad = any(p.grad is not None for p in self.params)
             bad = self._local_nonfinite()
@@ -162,9 +183,15 @@ class ZeroRedundancyOptimizer:
         """Names of the parameters whose ``.grad`` on this rank holds NaN/Inf."""
         if self.nonfinite == "ignore":
             return []
-        return [name for name, p in zip(self.names, self.params)
-                if p.grad is not None and not bool(xp_of(p.grad.array).isfinite(
-                    p.grad.array).all())]
+        held = [(n, p.grad.array) for n, p in zip(self.names, self.params) if p.grad is not None]
+        return nonfinite_names([a for _, a in held], [n for n, _ in held])
+
+    def _join_if_idle(self):
+        """Stage 2: a rank whose backward reached no parameter joins the
+        reduce-scatter now (with zeros), before any other collective of this
+        step (the clipping norm, ``step()``), so the collectives stay matched."""
+        if self.buffer.reductions == 0:
+            self.buffer.finish()
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
         """Scale the gradients so their global norm (any p > 0 or inf) is at
@@ -172,30 +199,28 @@ class ZeroRedundancyOptimizer:
         Stage 2: over the gradient shards (collective: every rank calls it,
         after backward and before ``step()``). Stage 1 over DataParallel: the
         replicated gradients, as ``nn.utils.clip_grad_norm_``."""
-        if self._grads is None:
+        if self._reduction is None:
             if self.reduce_gradients:
                 raise ValueError("clip_grad_norm_ with reduce_gradients=True: the gradients "
                                  "are reduced only inside step(); use stage=2")
             return clip_grad_norm_(self.params, max_norm, norm_type)
-        self._grads.join_if_idle()  # a rank whose backward reached no parameter
+        self._join_if_idle()  # a rank whose backward reached no parameter
         return clip_arrays_([self.grad_shard], max_norm, norm_type, self.comm)
 
     def grad_bytes(self):
         """Bytes of gradient arrays this rank holds: stage 2, its shard (plus
         staging buffers in flight); stage 1, also the parameters' full gradients."""
-        if self._grads is not None:
-            return self._grads.grad_bytes()
-        return self.grad_shard.nbytes + sum(p.grad.array.nbytes for p in self.params
-                                            if p.grad is not None)
+        held = sum(p.grad.array.nbytes for p in self.params if p.grad is not None)
+        return self.grad_shard.nbytes + held + self.buffer.staged_bytes()
 
     def close(self):
         """Stage 2: remove the gradient hooks and free the private communicator.
         The parameters stay views of the flat buffer but are the user's again
         (``p.data = t`` is allowed: this optimizer is done with them)."""
-        if self._grads is not None:
-            self._grads.close()
-        for p in self.params + self.shard_params:
-            p._storage_owner = None
+        self.buffer.close()
+        if self._grads_comm is not None:
+            dist.free(self._grads_comm)
+            self._grads_comm = None
 
     def _copy_grad_shard(self):
         """This rank's shard of the (already averaged) full gradients."""
@@ -212,9 +237,7 @@ class ZeroRedundancyOptimizer:
         self.grad_shard[...] = dist.reduce_scatter(full, op="mean", comm=self.comm)
 
     def _allgather_params(self):
-        in_place = dist.mpi().IN_PLACE
-        with dist.guarded("allgather(zero parameters)", self.comm, self.flat):
-            dist.on_host(self.flat, lambda buf: self.comm.Allgather(in_place, buf))
+        all_gather_in_place(self.flat, self.comm, "allgather(zero parameters)")
 
     # -- state ---------------------------------------------------------------------
     def state_bytes(self):

@@ -11,7 +11,7 @@ from .dataset import (ChainDataset, ConcatDataset, Dataset, IterableDataset, Sub
 from .distributed import DistributedSampler
 from .evaluation import evaluate, shard_indices
 from .hdf5 import HDF5Dataset, check_same_features
-from .loader import DataLoader
+from .dataloader import DataLoader
 from .progressbar import progress
 from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler,
                       SubsetRandomSampler, WeightedRandomSampler)

@@ -2,7 +2,7 @@
 ``TokenDataset``, ``ArrayDataset``, ``TensorDataset`` and a ``Subset`` of
 one read a whole index array with one fancy index (one HDF5 read). The
 loader uses it only with the default collate, whose result on the per-item
-samples it equals (see ``loader.py``)."""
+samples it equals (see ``dataloader.py``)."""
 import numpy as np
 
 from ..._tensor import Tensor

@@ -10,8 +10,8 @@ loader hands that list to ``collate_fn``). spmdnet's array-backed datasets
 a ``Subset`` of one) also read a whole index array at once
 (``batched.read_batch``).
 
-``generator`` arguments take a ``numpy.random.Generator`` (or None:
-spmdnet's global generator, ``spmdnet.manual_seed`` seeds it).
+``random_split`` draws PyTorch's ``randperm`` from ``generator`` (a
+``spmdnet.Generator``, or None: the current stream).
 """
 import bisect
 import math
@@ -20,17 +20,8 @@ import warnings
 import numpy as np
 
 from ... import random as sn_random
+from ...random import distributions
 from ..._tensor import Tensor
-
-
-def rng_of(generator):
-    """The NumPy generator to draw from for a ``generator=`` argument."""
-    if generator is None:
-        return sn_random.generator()
-    if hasattr(generator, "integers") and hasattr(generator, "permutation"):
-        return generator
-    raise TypeError(f"generator must be a numpy.random.Generator or None, got "
-                    f"{type(generator).__name__}")
 
 
 class Dataset:
@@ -169,6 +160,7 @@ def random_split(dataset, lengths, generator=None):
     """Non-overlapping random ``Subset``s of the given lengths (or fractions
     summing to 1: floors, the remainder spread one by one from the first)."""
     lengths = _split_lengths(len(dataset), lengths)
-    order = rng_of(generator).permutation(sum(lengths)).tolist()
+    g = sn_random.resolve(generator, "random_split")
+    order = distributions.randperm(g, sum(lengths)).tolist()
     bounds = np.cumsum([0] + lengths).tolist()
     return [Subset(dataset, order[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -4,8 +4,9 @@ sample indices each rank reads, PyTorch's rules and arguments, and ``comm=``
 ``rank`` is left out.
 
 Pure index arithmetic, identical on every rank (no communication needed):
-1. ``perm = numpy.random.Generator(PCG64(seed + epoch)).permutation(n)``
-   (or ``arange(n)`` without shuffling) — the same on every rank;
+1. ``perm = randperm(n, generator=Generator().manual_seed(seed + epoch))``,
+   PyTorch's numbers (or ``arange(n)`` without shuffling), the same on
+   every rank;
 2. without ``drop_last``, pad by repeating indices from the start until the
    length divides by ``num_replicas``; with it, cut the tail;
 3. rank r takes ``indices[r::num_replicas]`` (strided, not contiguous).
@@ -26,7 +27,9 @@ import math
 
 import numpy as np
 
+from ... import random as sn_random
 from ...distributed import comm_or_default
+from ...random import distributions
 from .sampler import Sampler
 
 # what the order depends on: a state must match these to be loaded
@@ -98,8 +101,8 @@ class DistributedSampler(Sampler):
         """The padded or cut order of all ranks' indices, before striding."""
         n = self.dataset_len
         if self.shuffle:
-            rng = np.random.Generator(np.random.PCG64(self.seed + self.epoch))
-            indices = rng.permutation(n)
+            g = sn_random.Generator().manual_seed(self.seed + self.epoch)
+            indices = distributions.randperm(g, n)
         else:
             indices = np.arange(n)
         if self.drop_last:

@@ -13,9 +13,14 @@ never sample by sample, in one of two ways:
   3 us per row of a sparse selection, a PyTorch-style per-sample reader about
   10 us per sample; the map copies a 3 KB row in well under 1 us once the
   page cache holds it (benchmarks/loader.py). ``memory_map=False`` turns it
-  off. Rewrite a mapped file only by writing a new file and renaming it over
-  the old one (as ``datasets`` does), never in place: truncating a mapped
-  file under a reader kills the reader (SIGBUS).
+  off. Rewrite a file only by writing a new file and renaming it over the
+  old one (as ``datasets`` does): a running job keeps reading the old one.
+  A file changed in place is an error: before every uncached read, the open
+  file's size and modification time are compared with those it had when
+  this process opened it (one ``fstat``, well under a microsecond), and a
+  change raises OSError naming the file, instead of reading through a map
+  of a truncated file (SIGBUS: the process dies, no file named) or reading
+  torn data. Only a change within a batch's read itself is not caught.
 * any other dataset (chunked, compressed, external) is read with one h5py
   read of the sorted, de-duplicated indices (the covering slice when they are
   dense), then put back in the requested order. Such files are opened with a
@@ -24,6 +29,7 @@ never sample by sample, in one of two ways:
   read touches whole chunks, so chunks of hundreds of rows read hundreds of
   rows per sample.
 """
+import errno
 import mmap
 import os
 
@@ -70,6 +76,7 @@ class HDF5Dataset:
         self.locking, self.memory_map = locking, bool(memory_map)
         self.allow_nonfinite = bool(allow_nonfinite)
         self._file, self._pid, self._cache, self._sources = None, None, None, {}
+        self._watched, self._stamp = None, None  # the open file watched for changes
         f = self._open()
         try:
             self._validate(f)
@@ -152,10 +159,31 @@ class HDF5Dataset:
     def _handle(self):
         """This process's open file (reopened in a forked child)."""
         if self._file is None or self._pid != os.getpid():
+            # the file watched for changes, kept open (closed with the dataset):
+            # opened before the HDF5 file, so a change between the two is seen
+            # at the first read
+            watched = open(self.path, "rb", buffering=0)  # noqa: SIM115 - see above
+            stamp = _stamp(os.fstat(watched.fileno()))
             self._file, self._pid = self._open(), os.getpid()
+            self._watched, self._stamp = watched, stamp
             self._sources = {key: _source(self._file[key], self.path, self.memory_map)
                              for key in (self.x_key, self.y_key) if key is not None}
+        else:
+            self._check_unchanged()
         return self._file
+
+    def _check_unchanged(self):
+        """OSError naming the file when it changed in place since this
+        process opened it (see the module's notes)."""
+        now = _stamp(os.fstat(self._watched.fileno()))
+        if now != self._stamp:
+            raise OSError(errno.ESTALE, (
+                f"HDF5 dataset {self.path} changed on disk while this job reads it (rank "
+                f"{rank_label()}): {self._stamp[0]} bytes modified at {self._stamp[1]} ns "
+                f"when opened, now {now[0]} bytes modified at {now[1]} ns. Rewriting a "
+                "dataset in place under a running job gives it torn data (or kills it, "
+                "through the memory map); write the new file next to it and rename it over "
+                "the old one, which a running job keeps reading"))
 
     @property
     def memory_mapped(self):
@@ -166,11 +194,12 @@ class HDF5Dataset:
     def close(self):
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
-        self._file, self._sources = None, {}
+            self._watched.close()
+        self._file, self._sources, self._watched = None, {}, None
 
-    def __getstate__(self):  # picklable without the handle and the maps
+    def __getstate__(self):  # picklable without the handle, the descriptor and the maps
         state = dict(self.__dict__)
-        state["_file"], state["_sources"] = None, {}
+        state["_file"], state["_sources"], state["_watched"] = None, {}, None
         return state
 
     # -- reading -------------------------------------------------------------------
@@ -297,6 +326,12 @@ def _read_rows(ds, rows):
     if hi - lo <= 4 * rows.size:
         return ds[lo:hi][rows - lo]
     return ds[rows]
+
+
+def _stamp(st):
+    """(size, modification time in ns) of an ``os.stat_result``: what an
+    in-place rewrite changes."""
+    return st.st_size, st.st_mtime_ns
 
 
 def _source(dset, path, memory_map):

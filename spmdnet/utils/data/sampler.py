@@ -2,16 +2,23 @@
 ``SubsetRandomSampler``, ``WeightedRandomSampler``, ``BatchSampler`` (and
 ``DistributedSampler``, at its PyTorch home ``distributed.py``).
 
-Random samplers draw a fresh 63-bit seed per pass from ``generator`` (a
-``numpy.random.Generator``; None: spmdnet's global generator) and draw the
-pass from ``numpy.random.Generator(PCG64(seed))``: the same properties as
-PyTorch's (a permutation per pass, uniform or weighted draws), not PyTorch's
-exact numbers. ``RandomSampler.state_dict()`` holds the seed of the last
-pass, so a DataLoader resumed mid-pass replays that pass exactly.
+The random samplers draw PyTorch's numbers: ``RandomSampler`` without a
+``generator`` takes one 64-bit draw of the current stream per pass as the
+seed of a fresh ``Generator``, then ``randperm(n)`` per whole pass plus one
+for the remainder (drawn even when the remainder is empty), or with
+``replacement`` ``randint`` in chunks of 32; with a ``generator`` it draws
+from that one directly. ``SubsetRandomSampler`` is ``randperm`` of the
+indices, ``WeightedRandomSampler`` ``multinomial`` of the weights.
+``RandomSampler.state_dict()`` holds where the last pass's draws began (its
+seed, or the given generator's state), so a DataLoader resumed mid-pass
+replays that pass exactly.
 """
 import numpy as np
 
-from .dataset import rng_of
+from ... import random as sn_random
+from ..._tensor import Tensor
+from ...ops.sampling import multinomial
+from ...random import distributions
 
 
 def _check_bool(value, name, error=ValueError):
@@ -23,11 +30,6 @@ def _check_positive(value, name):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} should be a positive integer value, but got "
                          f"{name}={value!r}")
-
-
-def _pass_rng(generator):
-    seed = int(rng_of(generator).integers(2**63))
-    return seed, np.random.Generator(np.random.PCG64(seed))
 
 
 class Sampler:
@@ -67,27 +69,42 @@ class RandomSampler(Sampler):
         self._num_samples = num_samples
         if num_samples is not None:
             _check_positive(num_samples, "num_samples")
-        self._seed, self._replay = None, None
+        self._state, self._replay = None, None
 
     @property
     def num_samples(self):
         return len(self.data_source) if self._num_samples is None else int(self._num_samples)
 
+    def _pass_generator(self):
+        """The generator this pass draws from, after noting where it starts."""
+        if self._replay is not None:
+            state, self._replay = self._replay, None
+        elif self.generator is None:
+            seed = int(distributions.random_full(sn_random.generator(), (), np.int64))
+            state = {"seed": seed}
+        else:
+            sn_random.resolve(self.generator, "RandomSampler")
+            state = {"generator_state": self.generator.get_state().array.tolist()}
+        self._state = state
+        if "seed" in state:
+            return sn_random.Generator().manual_seed(state["seed"])
+        # a replay into a sampler without a generator takes a fresh one in that state
+        g = self.generator if self.generator is not None else sn_random.Generator()
+        return g.set_state(np.asarray(state["generator_state"], np.uint8))
+
     def indices(self):
         """One pass's indices (an int64 array); each call draws a new pass,
         except the first after ``load_state_dict``, which replays its pass."""
-        if self._replay is not None:
-            self._seed, self._replay = self._replay, None
-            rng = np.random.Generator(np.random.PCG64(self._seed))
-        else:
-            self._seed, rng = _pass_rng(self.generator)
+        g = self._pass_generator()
         n, count = len(self.data_source), self.num_samples
         if self.replacement:
-            return rng.integers(0, n, count, dtype=np.int64)
+            chunks = [distributions.random_from_to(g, (32,), 0, n) for _ in range(count // 32)]
+            chunks.append(distributions.random_from_to(g, (count % 32,), 0, n))
+            return np.concatenate(chunks)
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        perms = [rng.permutation(n) for _ in range(count // n)]
-        return np.concatenate(perms + [rng.permutation(n)[:count % n]]).astype(np.int64)
+        perms = [distributions.randperm(g, n) for _ in range(count // n)]
+        return np.concatenate(perms + [distributions.randperm(g, n)[:count % n]])
 
     def __iter__(self):
         return iter(self.indices().tolist())
@@ -96,12 +113,17 @@ class RandomSampler(Sampler):
         return self.num_samples
 
     def state_dict(self):
-        """The seed of the last pass drawn (None before the first)."""
-        return {"seed": self._seed}
+        """Where the last pass's draws began: ``{"seed": s}`` (no generator)
+        or ``{"generator_state": [5056 bytes]}``; ``{"seed": None}`` before
+        the first pass."""
+        return dict(self._state) if self._state is not None else {"seed": None}
 
     def load_state_dict(self, state):
         """The next pass replays the pass of ``state`` (then new draws)."""
-        self._replay = None if state.get("seed") is None else int(state["seed"])
+        if state.get("generator_state") is not None:
+            self._replay = {"generator_state": list(state["generator_state"])}
+        else:
+            self._replay = None if state.get("seed") is None else {"seed": int(state["seed"])}
 
 
 class SubsetRandomSampler(Sampler):
@@ -111,7 +133,8 @@ class SubsetRandomSampler(Sampler):
         self.indices, self.generator = indices, generator
 
     def __iter__(self):
-        order = _pass_rng(self.generator)[1].permutation(len(self.indices))
+        g = sn_random.resolve(self.generator, "SubsetRandomSampler")
+        order = distributions.randperm(g, len(self.indices))
         return iter([self.indices[i] for i in order.tolist()])
 
     def __len__(self):
@@ -141,10 +164,9 @@ class WeightedRandomSampler(Sampler):
         self.replacement, self.generator = replacement, generator
 
     def indices(self):
-        rng = _pass_rng(self.generator)[1]
-        p = self.weights / self.weights.sum()
-        return rng.choice(len(p), self.num_samples, replace=self.replacement,
-                          p=p).astype(np.int64)
+        """``multinomial`` of the (float64) weights, PyTorch's draws."""
+        return multinomial(Tensor(self.weights), self.num_samples, self.replacement,
+                           generator=self.generator).numpy()
 
     def __iter__(self):
         return iter(self.indices().tolist())

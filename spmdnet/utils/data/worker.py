@@ -20,7 +20,8 @@ being drawn from the loader's generator when the workers start.
 ``get_worker_info()`` answers in a worker (None in the rank's process).
 An exception in a worker is raised again in the loop, its type kept where
 possible, with the worker id and the worker's traceback in the message; a
-worker that dies is a RuntimeError naming it and its exit code.
+worker that dies is a RuntimeError naming it and its exit code. A worker
+whose rank dies (even by SIGKILL) ends at once, wherever it is blocked.
 """
 import itertools
 import os
@@ -35,6 +36,7 @@ import traceback
 import numpy as np
 
 from ... import random as sn_random
+from ...multiprocessing import lifeline
 from ..._tensor import Tensor
 from .batched import read_batch
 
@@ -125,10 +127,20 @@ def _seed(worker_id, base_seed):
     return seed
 
 
+def _orphaned(results):
+    """End this worker now: its rank is gone, so nobody reads ``results``."""
+    results.cancel_join_thread()
+    os._exit(0)
+
+
 def _worker_loop(worker_id, num_workers, fetcher, iterable, tasks, results, base_seed,
                  init_fn, parent_pid):
     global _info
     _forget_rank_process_hooks()
+    # The rank may die by SIGKILL while this worker is blocked anywhere (a
+    # full result pipe that the other workers keep open, the dataset): end
+    # at once then, without waiting for the queue's feeder thread.
+    lifeline.watch(parent_pid, lambda: _orphaned(results), name="spmdnet-loader-lifeline")
     _info = WorkerInfo(worker_id, num_workers, _seed(worker_id, base_seed), fetcher.dataset)
     init_failure = None
     try:
@@ -142,7 +154,7 @@ def _worker_loop(worker_id, num_workers, fetcher, iterable, tasks, results, base
             task = tasks.get(timeout=5.0)
         except queue.Empty:
             if os.getppid() != parent_pid:  # the rank is gone: nobody reads our results
-                return
+                _orphaned(results)
             continue
         if task is None:
             return
