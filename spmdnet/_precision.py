@@ -78,6 +78,12 @@ def forward(ctx, arrays, kwargs):
     """``ctx.forward(*arrays, **kwargs)``, in PyTorch's bfloat16 and autocast
     semantics (module docstring); the common case (no bfloat16 input, no
     autocast) is the plain call."""
+    if not autocast_state:  # the common case first: no autocast, no bfloat16
+        for a in arrays:
+            if a.dtype == bfloat16:
+                break
+        else:
+            return ctx.forward(*arrays, **kwargs)
     rule = _autocast_rule(ctx)
     if rule is None and (not any(a.dtype == bfloat16 for a in arrays)
                          or type(ctx).__name__ in MOVES):

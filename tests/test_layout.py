@@ -134,10 +134,7 @@ PLACES = {
 }
 # (importer prefix, imported prefix, why): PyTorch paths that sit lower in
 # PyTorch's tree than their implementation, reached lazily or by thin modules.
-EXEMPTIONS = [
-    ("spmdnet.nn", "spmdnet.parallel.sync_batchnorm",
-     "nn.SyncBatchNorm, PyTorch's path, is a lazy module attribute of spmdnet.nn"),
-]
+EXEMPTIONS = []
 
 
 def _module_name(path):

@@ -198,11 +198,14 @@ def test_sequential_runs_a_managed_linear_itself():
     linear_forward = seq[0].forward
     seq[0].forward = lambda x: calls.append(1) or linear_forward(x)
     x = sn.randn(5, 4)
-    fused = seq(x)
-    assert calls == []  # fused: F.linear with relu, the module's forward not called
-    setattr(seq[0], MANAGED_BY, "FullyShardedDataParallel")
     unfused = seq(x)
-    assert calls == [1]  # a managed Linear runs its own forward
+    assert calls == [1]  # a forward assigned onto the module is never fused away
+    del seq[0].forward
+    assert seq.fused_pairs() == [(0, "relu")]
+    fused = seq(x)
+    setattr(seq[0], MANAGED_BY, "FullyShardedDataParallel")
+    assert seq.fused_pairs() == []  # a managed Linear runs its own forward
+    np.testing.assert_allclose(seq(x).array, fused.array, rtol=1e-6)
     np.testing.assert_allclose(unfused.array, fused.array, rtol=1e-6)
 
 

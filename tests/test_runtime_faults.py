@@ -244,3 +244,74 @@ def test_only_topology_files_nobody_holds_are_stale(tmp_path):
         assert launch.stale_topology_files(tmp_path) == [stale]
         assert launch.clean_topology_files(tmp_path) == [stale]
     assert held.exists() and not stale.exists()
+
+
+def test_unmatched_small_send_is_reported_with_a_nonzero_exit(tmp_path):
+    code, out, err, seconds = _job(tmp_path, """
+        import spmdnet as torch
+        import spmdnet.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(3), dst=1, tag=5)   # rank 1 never receives it
+            t = torch.zeros(2)
+            dist.send(t, dst=1, tag=6)               # this one is received
+        else:
+            got = torch.zeros(2)
+            dist.recv(got, src=0, tag=6)
+        dist.destroy_process_group()
+    """)
+    assert code != 0 and seconds < 60, (code, err)
+    assert ("[rank 0] spmdnet: dist.send to rank 1 (tag 5, 3 float32 values, shape (3,)) "
+            "was never received") in err, err
+    assert "tag 6" not in err
+
+
+def test_head_to_head_small_sends_still_complete(tmp_path):
+    # buffered, as PyTorch's gloo: both ranks send first, then receive
+    code, out, err, _ = _job(tmp_path, """
+        import spmdnet as torch
+        import spmdnet.distributed as dist
+        dist.init_process_group("gloo")
+        me, other = dist.get_rank(), 1 - dist.get_rank()
+        dist.send(torch.full((4,), float(me)), dst=other)
+        got = torch.zeros(4)
+        dist.recv(got, src=other)
+        print("GOT", me, got.tolist(), flush=True)
+    """)
+    assert code == 0, err
+    assert "GOT 0 [1.0, 1.0, 1.0, 1.0]" in out and "GOT 1 [0.0, 0.0, 0.0, 0.0]" in out
+
+
+MISMATCH = """
+    import datetime, sys
+    import spmdnet as torch
+    import spmdnet.distributed as dist
+    kind, timeout = sys.argv[1], sys.argv[2] == "timeout"
+    dist.init_process_group("gloo", **({"timeout": datetime.timedelta(seconds=20)}
+                                       if timeout else {}))
+    r = dist.get_rank()
+    for step in range(3):  # agreed once, then remembered
+        dist.all_reduce(torch.ones(4))
+    if kind == "dtype":
+        t = torch.ones(4, dtype=torch.float32 if r == 0 else torch.int32)
+    else:
+        t = torch.ones(4 if r == 0 else 5)
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        print(f"RAISED {r} {type(e).__name__}: {e}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind, timeout", [("dtype", ""), ("shape", ""),
+                                           ("shape", "timeout")])
+def test_all_reduce_mismatch_names_both_ranks(tmp_path, kind, timeout):
+    # PyTorch (gloo) reduces float32 with int32 into garbage and exits 0
+    code, out, err, seconds = _job(tmp_path, MISMATCH, args=[kind, timeout or "none"])
+    assert seconds < 60, err
+    want = ("rank 0: allreduce(sum) of float32 shape (4,); rank 1: allreduce(sum) of "
+            + ("int32 shape (4,)" if kind == "dtype" else "float32 shape (5,)"))
+    for r in (0, 1):
+        assert f"RAISED {r} DistributedError: allreduce: the ranks of the communicator " \
+               "disagree" in out, out + err
+    assert out.replace(" (this rank)", "").count(want) == 2, out

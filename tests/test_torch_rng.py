@@ -9,6 +9,7 @@ import pytest
 
 import spmdnet as sn
 from spmdnet.random import STATE_BYTES
+from spmdnet.utils.data import dataloader, dataset, sampler
 
 from . import torch_rng_cases as C
 
@@ -93,3 +94,31 @@ def test_fork_rng_leaves_the_main_stream_and_state_covers_forks():
     np.testing.assert_array_equal(sn.rand(2).numpy(), main)
     with pytest.raises(ValueError, match="snapshot"):
         sn.random.restore({"seed": 1})
+
+
+def test_seeded_mnist_example_prints_pytorchs_losses():
+    """PyTorch's MNIST example (its Net, dropout, Adadelta, StepLR, a
+    shuffling DataLoader) after manual_seed(1): the same losses, step by
+    step (float32 arithmetic: to 1e-5 relative)."""
+    with np.load(FIXTURE.parent / "mnist.npz") as f:
+        want = f["losses"]
+    np.testing.assert_allclose(C.mnist_losses(sn), want, rtol=1e-5)
+
+
+def test_pytorchs_data_submodules_and_their_names():
+    """torch.utils.data.dataloader / .sampler / .dataset: PyTorch 2.13's
+    ``__all__`` of each, importable from the same paths."""
+    names = {dataloader: ["DataLoader", "get_worker_info", "default_collate",
+                          "default_convert"],
+             sampler: ["BatchSampler", "RandomSampler", "Sampler", "SequentialSampler",
+                       "SubsetRandomSampler", "WeightedRandomSampler"],
+             dataset: ["Dataset", "IterableDataset", "TensorDataset", "StackDataset",
+                       "ConcatDataset", "ChainDataset", "Subset", "random_split"]}
+    for module, wanted in names.items():
+        assert [n for n in wanted if not hasattr(module, n)] == [], module.__name__
+    assert dataloader.DataLoader is sn.utils.data.DataLoader
+    stacked = dataset.StackDataset(sn.arange(3), [10, 20, 30])
+    assert len(stacked) == 3 and stacked[1][1] == 20 and int(stacked[2][0]) == 2
+    assert dataset.StackDataset(a=[1, 2], b="xy")[1] == {"a": 2, "b": "y"}
+    with pytest.raises(ValueError, match="Size mismatch"):
+        dataset.StackDataset([1], [1, 2])

@@ -14,6 +14,9 @@
 #   LOCAL_SLURM_PORT  slurmctld's port; slurmd uses the next one [6917]
 #   LOCAL_SLURM_CRED_EXPIRE  seconds; also how long a requeued job waits to restart [10]
 #
+# `start.sh --packages-only` installs the packages and starts munged, and stops there
+# (the two-node Slurm of tests/test_multinode.py starts its own daemons).
+#
 # Exit codes: 0 up, 77 Slurm cannot be provided here (not root, no apt-get, the
 # install failed), 1 the daemons did not come up (see the logs it names).
 set -euo pipefail
@@ -33,7 +36,9 @@ node_state() { sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1 || true; }
 ready() { alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" &&
           [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }  # no * (not responding)
 
-if [ -f "$CONF" ] && ready; then
+PACKAGES_ONLY=0
+[ "${1:-}" = --packages-only ] && PACKAGES_ONLY=1
+if [ "$PACKAGES_ONLY" = 0 ] && [ -f "$CONF" ] && ready; then
   say "already up (node $HOST $(node_state)); export SLURM_CONF=$CONF"
   exit 0
 fi
@@ -80,6 +85,11 @@ if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
   done
   munge -n </dev/null | unmunge >/dev/null || { echo "local-slurm: munged does not answer;" \
     "see /var/log/munge/munged.log" >&2; exit 1; }
+fi
+
+if [ "$PACKAGES_ONLY" = 1 ]; then
+  say "slurm-wlm and munge installed, munged answers"
+  exit 0
 fi
 
 # -- slurm.conf and the daemons -------------------------------------------------------

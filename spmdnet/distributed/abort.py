@@ -7,6 +7,7 @@ stderr, waits ``ABORT_DELAY_S`` (so that other ranks failing at the same
 moment are not cut mid-traceback) and calls ``COMM_WORLD.Abort(1)``; the
 launcher then kills every rank.
 """
+import os
 import sys
 import threading
 import time
@@ -41,6 +42,24 @@ def abort_job(lines, code=1):
         if size > 1:
             time.sleep(ABORT_DELAY_S)
             MPI.COMM_WORLD.Abort(code)
+
+
+def exit_now(lines, code=1, wait_s=2.0):
+    """``abort_job`` where MPI may no longer return: ``Abort`` is tried in a
+    thread; after ``wait_s`` this process exits with ``code`` on its own (the
+    launcher then ends the other ranks, as for any rank that fails)."""
+    MPI = mpi()
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        sys.stdout.flush()
+        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in lines))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    finally:
+        threading.Thread(target=MPI.COMM_WORLD.Abort, args=(code,), daemon=True).start()
+        time.sleep(wait_s)
+        os._exit(code)
 
 
 def _excepthook(exc_type, exc, tb):

@@ -5,37 +5,48 @@ same dtype and length: a float32 tensor reduced with an int32 one gives
 garbage and exit code 0, and a shape mismatch surfaces as MPI's "Message
 truncated" (or a hang), naming no shape. ``agree(comm, what, array, op)``
 before such a call compares (op, dtype, shape) across the ranks of ``comm``
-the first time this rank passes that signature on ``comm``, and remembers
-it: a training loop pays one small exchange per distinct signature, then a
-set lookup per call. A disagreement raises DistributedError on every rank,
-naming every rank's values.
+the first time this rank passes that signature from that call site (the
+program's line) on ``comm``, and remembers it: a training loop pays one
+small exchange per call site and distinct signature, then a set lookup per
+call. A disagreement raises DistributedError on every rank, naming every
+rank's values. The call site is part of the key because ranks reach a new
+line together: a mismatched call on a line of its own is caught even when
+the ranks had reduced tensors of both kinds before.
 
-The exchange runs on a private duplicate of ``comm`` (made on the first
-exchange, which every rank reaches together: the first call misses on every
-rank). A program in which only some ranks meet a new signature (the others
-seen it before) leaves those ranks in the exchange and the others in the
-collective: a hang that the stall watchdog reports, never a silent result.
+In the collective check mode (``SPMDNET_DEBUG_COLLECTIVES=1``), which
+compares every call, this is skipped. The exchange runs on a private
+duplicate of ``comm`` (made on the first exchange, which every rank reaches
+together). A line that one rank reaches with a signature it has not passed
+there before while the others repeat theirs leaves that rank in the
+exchange and the others in the collective: a hang that the stall watchdog
+reports, never a silent result.
 """
 import threading
 
 from ..errors import DistributedError
+from . import guard
 
 MAX_SIGNATURES = 4096  # per communicator; past it the memory is cleared (same on every rank)
-_state = {}  # communicator handle -> {"dup": comm, "seen": set()}
+_state = {}  # id(communicator) -> {"comm": it (kept, so the id stays its own), "dup", "seen"}
 _lock = threading.Lock()
 
 
 def _key(comm):
-    return comm.py2f() if hasattr(comm, "py2f") else id(comm)
+    return id(comm)
 
 
 def agree(comm, what, array, op=None):
-    """Check that every rank of ``comm`` passes ``array`` of this dtype and
-    shape (and the same ``op``) to ``what``; a no-op once agreed."""
-    signature = (what, str(op) if op is not None else None, str(array.dtype),
-                 tuple(int(n) for n in array.shape))
+    """Check that every rank of ``comm`` calls the MPI collective ``what``
+    ("allreduce", "broadcast" ...: one name whichever API called it) with
+    ``array`` of one dtype and shape, and one ``op`` ("sum", "avg", "max",
+    "from 2" ...); a no-op once agreed. Raises DistributedError on every
+    rank otherwise."""
+    if guard.debug_enabled():  # the check mode compares every call, call sites named
+        return
+    signature = (what, op, str(array.dtype), tuple(int(n) for n in array.shape))
     entry = _state.get(_key(comm))
-    if entry is not None and signature in entry["seen"]:
+    seen_as = (guard.caller(2), signature)
+    if entry is not None and seen_as in entry["seen"]:
         return
     size = comm.Get_size()
     if size == 1:
@@ -43,26 +54,27 @@ def agree(comm, what, array, op=None):
     with _lock:
         entry = _state.get(_key(comm))
         if entry is None:
-            entry = _state[_key(comm)] = {"dup": comm.Dup(), "seen": set()}
+            entry = _state[_key(comm)] = {"comm": comm, "dup": comm.Dup(), "seen": set()}
     everyone = entry["dup"].allgather(signature)
     if any(s != signature for s in everyone):
         raise DistributedError(_describe(what, everyone, comm.Get_rank()))
     if len(entry["seen"]) >= MAX_SIGNATURES:
         entry["seen"].clear()
-    entry["seen"].add(signature)
+    entry["seen"].add(seen_as)
 
 
 def _describe(what, everyone, me):
     parts = []
-    for rank, (_, op, dtype, shape) in enumerate(everyone):
-        parts.append(f"rank {rank}: {dtype} shape {shape}" + (f" op {op}" if op else "")
+    for rank, (name, op, dtype, shape) in enumerate(everyone):
+        call = f"{name}({op})" if op else name
+        parts.append(f"rank {rank}: {call} of {dtype} shape {shape}"
                      + (" (this rank)" if rank == me else ""))
-    return (f"{what}: the ranks pass different tensors (every rank must pass the same "
-            f"shape and dtype, and the same op): {'; '.join(parts)}")
+    return (f"{what}: the ranks of the communicator disagree (every rank must call the "
+            f"same collective with the same shape, dtype and op): {'; '.join(parts)}")
 
 
 def forget(comm):
-    """Drop what is remembered for ``comm`` (freed: MPI reuses its handle)."""
+    """Drop what is remembered for ``comm`` (about to be freed)."""
     with _lock:
         entry = _state.pop(_key(comm), None)
     if entry is not None:

@@ -19,7 +19,7 @@ import os
 import warnings
 
 from ..errors import DistributedError
-from . import guard, runtime
+from . import agreement, guard, runtime
 from ._mpi import mpi
 from .checks import check_same
 
@@ -268,6 +268,7 @@ def destroy_process_group(group=None):
     for pg in list(targets):
         if pg.comm is not None and not pg.destroyed:
             guard.forget(pg.comm)
+            agreement.forget(pg.comm)
             pg.comm.Free()
         pg.destroyed, pg.comm = True, None
         if pg in _state["groups"]:

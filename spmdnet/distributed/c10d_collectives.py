@@ -7,22 +7,21 @@ warning). Each call goes through ``guarded`` (sequence numbers, the check
 mode, the stall watchdog); device buffers are staged as in ``collectives``.
 ``async_op=True`` returns a completed ``Work`` (see ``c10d_p2p``).
 
-``broadcast``, ``reduce_scatter`` and ``barrier`` share their names with
-spmdnet's own spellings (``broadcast(x, root, comm)``, ``reduce_scatter(x,
-op, comm)``, ``barrier(comm)``): one function takes both, telling them
-apart by the arguments (an mpi4py communicator, ``root=``/``comm=``, an op
-name where PyTorch passes a list).
+Each function has PyTorch's one signature. spmdnet's own collectives on
+arrays and communicators have names of their own (``collectives``:
+``allreduce``, ``allgather``, ``bcast``, ``reduce_scatter_block``;
+``runtime.comm_barrier``), so nothing here guesses which API it was called
+with.
 """
 import numpy as np
 
 from .. import backend
-from . import collectives as spmd
 from ._mpi import mpi
-from .c10d import ProcessGroup, ReduceOp, as_reduce_op, is_initialized, member
+from .c10d import ReduceOp, as_reduce_op, member
+from .agreement import agree
 from .c10d_p2p import completed
 from .collectives import ReduceTypeError, integer_average, on_host, tensor_array, to_host
 from .guard import guarded
-from .runtime import comm_or_default
 
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.PRODUCT: "PROD",
             ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX", ReduceOp.BAND: "BAND",
@@ -107,6 +106,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return None
     arr = tensor_array(tensor, "all_reduce")
     op, mpi_op = _mpi_op(op, arr.dtype, "all_reduce")
+    agree(pg.comm, "allreduce", arr, op.name.lower())
     with guarded(f"all_reduce({op.name})", pg.comm, arr):
         on_host(arr, lambda buf: pg.comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))
     _average(arr, op, pg.size())
@@ -122,6 +122,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     root = _root(pg, dst, group_dst, "dst", "reduce")
     arr = tensor_array(tensor, "reduce")
     op, mpi_op = _mpi_op(op, arr.dtype, "reduce")
+    agree(pg.comm, "reduce", arr, f"{op.name.lower()} to {pg.ranks[root]}")
     with guarded(f"reduce({op.name}, root={root})", pg.comm, arr):
         if pg.rank() == root:
             on_host(arr, lambda buf: pg.comm.Reduce(mpi().IN_PLACE, buf, mpi_op, root=root))
@@ -132,48 +133,19 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     return _done(async_op, tensor)
 
 
-def _spmdnet_comm(group, comm):
-    """spmdnet's ``comm`` when the call uses spmdnet's spelling (or, before
-    any initialisation, the world's, which spmdnet's spelling initialises),
-    else None."""
-    if comm is not None:
-        return comm
-    if group is not None and not isinstance(group, ProcessGroup):
-        return group  # broadcast(x, root, comm): an mpi4py communicator
-    if group is None and not is_initialized():
-        return comm_or_default(None)
-    return None
-
-
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, root=None,
-              comm=None):
-    """PyTorch's ``broadcast(tensor, src, group, async_op)``: global rank
-    ``src``'s tensor into every member's, in place. spmdnet's
-    ``broadcast(x, root=0, comm=None)`` (``root`` a rank of ``comm``; any
-    picklable object is broadcast by value) works too. Returns ``tensor``
-    (PyTorch: None), or a Work with ``async_op``."""
-    spmd_comm = _spmdnet_comm(group, comm)
-    if spmd_comm is not None or root is not None:
-        first = root if root is not None else (src if src is not None else 0)
-        return spmd.broadcast(tensor, first, spmd_comm)
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """Global rank ``src``'s tensor into every member's, in place; returns
+    None, or a Work with ``async_op`` (PyTorch's). spmdnet's broadcast of an
+    array or any object over a communicator is ``dist.bcast``."""
     pg = member(group, "broadcast")
     if pg is None:
         return None
     source = _root(pg, src, group_src, "src", "broadcast")
-    arr = tensor_like(tensor)
-    if arr is None:  # any other object goes by value, as spmdnet's broadcast
-        return spmd.broadcast(tensor, source, pg.comm)
+    arr = tensor_array(tensor, "broadcast")
+    agree(pg.comm, "broadcast", arr, f"from {pg.ranks[source]}")
     with guarded(f"broadcast(root={source})", pg.comm, arr):
         on_host(arr, lambda buf: pg.comm.Bcast(buf, root=source))
-    return completed(tensor) if async_op else tensor
-
-
-def tensor_like(x):
-    """The array of a Tensor/NumPy/CuPy ``x``, else None."""
-    try:
-        return tensor_array(x, "broadcast")
-    except TypeError:
-        return None
+    return _done(async_op, tensor)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -182,6 +154,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if pg is None:
         return None
     arr = tensor_array(tensor, "all_gather")
+    agree(pg.comm, "allgather", arr)
     outs = _list(tensor_list, pg.size(), "all_gather", "tensor_list")
     _same(outs, arr.shape, arr.dtype, "all_gather", "tensor_list")
     gathered = backend.xp_of(arr).empty((pg.size(),) + tuple(arr.shape), arr.dtype)
@@ -259,23 +232,17 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     return _done(async_op, output)
 
 
-def reduce_scatter(output, input_list=None, op=None, group=None, async_op=False, *,
-                   comm=None):
-    """PyTorch's ``reduce_scatter(output, input_list, op, group, async_op)``:
-    ``output`` of group rank r gets the reduction of every member's
-    ``input_list[r]``. spmdnet's ``reduce_scatter(x, op="sum", comm=None)``
-    (returns this rank's block of the reduced ``x``) works too."""
-    if not isinstance(input_list, (list, tuple)):
-        if input_list is not None:  # spmdnet's positional (x, op[, comm])
-            op, comm = input_list, comm if comm is not None else op
-        return spmd.reduce_scatter(output, op or "sum", comm)
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """``output`` of group rank r gets the reduction of every member's
+    ``input_list[r]`` (spmdnet's block reduce-scatter of one array over a
+    communicator is ``dist.reduce_scatter_block``)."""
     pg = member(group, "reduce_scatter")
     if pg is None:
         return None
     out = tensor_array(output, "reduce_scatter")
     ins = _list(input_list, pg.size(), "reduce_scatter", "input_list")
     _same(ins, out.shape, out.dtype, "reduce_scatter", "input_list")
-    reduce_scatter_tensor(out, _stacked(ins, out), ReduceOp.SUM if op is None else op, pg)
+    reduce_scatter_tensor(out, _stacked(ins, out), op, pg)
     return _done(async_op, output)
 
 
@@ -347,18 +314,15 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     return _done(async_op, output)
 
 
-def barrier(group=None, async_op=False, device_ids=None, *, comm=None):
-    """Wait until every member has arrived; ``group`` may be a ProcessGroup
-    or, spmdnet's ``barrier(comm)``, an mpi4py communicator."""
-    spmd_comm = _spmdnet_comm(group, comm)
-    if spmd_comm is None:
-        pg = member(group, "barrier")
-        if pg is None:
-            return None
-        spmd_comm = pg.comm
-    spmd_comm = comm_or_default(spmd_comm)
-    with guarded("barrier", spmd_comm):
-        spmd_comm.Barrier()
+def barrier(group=None, async_op=False, device_ids=None):
+    """Wait until every member of ``group`` (a ProcessGroup, None: the
+    default group) has arrived. spmdnet's barrier over an mpi4py
+    communicator is ``dist.comm_barrier(comm)``."""
+    pg = member(group, "barrier")
+    if pg is None:
+        return None
+    with guarded("barrier", pg.comm):
+        pg.comm.Barrier()
     return _done(async_op)
 
 

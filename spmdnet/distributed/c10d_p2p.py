@@ -17,6 +17,7 @@ from .. import backend
 from ..errors import DistributedError
 from .c10d import as_group, member
 from .collectives import to_host, tensor_array
+from . import sends
 from .guard import guarded
 from ._mpi import mpi
 from .runtime import rank_label
@@ -128,6 +129,12 @@ def send(tensor, dst=None, group=None, tag=0, group_dst=None):
     if pg is None:
         return None
     arr = tensor_array(tensor, "send")
+    if arr.nbytes <= sends.SMALL_BYTES:  # see ``sends``: never lost silently
+        buf = np.array(to_host(arr), copy=True, order="C")
+        request = pg.comm.Issend(buf, dest=peer, tag=tag)
+        sends.track(request, buf, f"dist.send to rank {dst} (tag {tag}, {arr.size} "
+                                  f"{arr.dtype} values, shape {tuple(arr.shape)})")
+        return None
     with guarded("send", pg.comm, arr, peer=dst):
         pg.comm.Send(to_host(arr), dest=peer, tag=tag)
     return None

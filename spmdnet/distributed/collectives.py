@@ -11,6 +11,7 @@ import numpy as np
 from .. import backend
 from ..errors import DistributedError
 from .._tensor import Tensor
+from .agreement import agree
 from .checks import check_same
 from .guard import guarded
 from ._mpi import mpi
@@ -98,6 +99,7 @@ def allreduce(x, op="sum", comm=None):
         raise integer_average("allreduce(op='mean')", arr.dtype)
     if not getattr(arr.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise ValueError("allreduce works in place: the array is read-only")
+    agree(comm, "allreduce", arr, "avg" if op == "mean" else op)
     with guarded(f"allreduce({op})", comm, arr):
         on_host(arr, lambda buf: comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))
     if op == "mean":
@@ -105,9 +107,10 @@ def allreduce(x, op="sum", comm=None):
     return x
 
 
-def broadcast(x, root=0, comm=None):
+def bcast(x, root=0, comm=None):
     """Rank ``root``'s array into ``x`` on every rank (in place); returns ``x``.
-    Any other picklable object is broadcast by value and returned."""
+    Any other picklable object is broadcast by value and returned.
+    (``dist.broadcast`` is PyTorch's ``broadcast(tensor, src, group)``.)"""
     comm = comm_or_default(comm)
     if not 0 <= root < comm.Get_size():
         raise ValueError(f"broadcast root {root} is outside [0, {comm.Get_size()})")
@@ -115,6 +118,7 @@ def broadcast(x, root=0, comm=None):
         with guarded("broadcast(object)", comm):
             return comm.bcast(x, root=root)
     arr = tensor_array(x, "broadcast")
+    agree(comm, "broadcast", arr, f"from {root}")
     with guarded(f"broadcast(root={root})", comm, arr):
         on_host(arr, lambda buf: comm.Bcast(buf, root=root))
     return x
@@ -135,8 +139,9 @@ def allgather(x, comm=None):
     return Tensor(out) if isinstance(x, Tensor) else out
 
 
-def reduce_scatter(x, op="sum", comm=None):
-    """Reduce ``x`` over ranks and return this rank's block of axis 0.
+def reduce_scatter_block(x, op="sum", comm=None):
+    """Reduce ``x`` over ranks and return this rank's block of axis 0 (MPI's
+    ``Reduce_scatter_block``; ``dist.reduce_scatter`` is PyTorch's).
 
     ``x.shape[0]`` must be divisible by the communicator size; rank r gets
     rows [r*n/size, (r+1)*n/size) of the reduction. The input is untouched."""
@@ -158,5 +163,5 @@ def reduce_scatter(x, op="sum", comm=None):
     return Tensor(out) if isinstance(x, Tensor) else out
 
 
-__all__ = ["allreduce", "broadcast", "allgather", "reduce_scatter", "on_host", "to_host",
+__all__ = ["allreduce", "bcast", "allgather", "reduce_scatter_block", "on_host", "to_host",
            "tensor_array", "ReduceTypeError", "DistributedError"]

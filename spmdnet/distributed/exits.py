@@ -17,15 +17,17 @@ reach its own exit, for at most ``SPMDNET_EXIT_TIMEOUT_S`` (default 30 s;
   waiting in a collective, when the watchdog runs), naming that rank, its
   status or ``sys.exit`` message, and the ranks still running with what
   they are doing (when their watchdog answers).
-A rank doing more than the timeout of work alone after another rank has
-left the program (a long rank-0-only epilogue) is taken for a hang: raise
-the knob for such programs.
+Then a small ``dist.send`` that no rank received is reported and the rank
+exits with code 1 (``sends``). A rank doing more than the timeout of work
+alone after another rank has left the program (a long rank-0-only
+epilogue) is taken for a hang: raise the knob for such programs.
 """
 import atexit
+import os
 import sys
 import time
 
-from . import watchdog
+from . import sends, watchdog
 from ._mpi import mpi
 from .abort import abort_job
 
@@ -88,6 +90,10 @@ def leave():
     comm, timeout = _state["comm"], _state["timeout"]
     if comm.Get_size() > 1 and timeout:
         _wait_for_everyone(MPI, comm, timeout)
+        if sends.report_unmatched(comm.Get_rank()):
+            watchdog.stop()
+            sys.stdout.flush()
+            os._exit(1)  # the exit code says so; the others have reached their exit
     watchdog.stop()
 
 

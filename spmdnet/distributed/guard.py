@@ -27,7 +27,6 @@ import threading
 import time
 
 from .. import config
-from . import agreement
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
@@ -65,7 +64,6 @@ def register(comm):
 def forget(comm):
     with _lock:
         _seq.pop(comm.py2f(), None)
-    agreement.forget(comm)
     if "check" in _checker:
         _checker["check"].forget(comm)
 

@@ -10,7 +10,7 @@ every layer) sits inside one node, and only data-parallel gradient
 reductions (once per step) cross nodes. Every ``Comm.Split`` of spmdnet lives
 in this file.
 """
-from . import guard
+from . import agreement, guard
 from .checks import check_same
 from .runtime import comm_or_default, init
 
@@ -69,6 +69,7 @@ class Mesh:
             comm = getattr(self, name)
             if comm is not None:
                 guard.forget(comm)
+                agreement.forget(comm)
                 comm.Free()
                 setattr(self, name, None)
 

@@ -10,7 +10,7 @@ import os
 import sys
 
 from .. import backend, config
-from . import exits, guard, watchdog
+from . import agreement, exits, guard, watchdog
 from ._mpi import mpi
 from .abort import install as install_abort_hook
 from .crosscheck import CrossCheck
@@ -112,6 +112,7 @@ def dup(comm=None):
 def free(comm):
     """Free a communicator made by ``dup`` or ``Mesh``."""
     guard.forget(comm)
+    agreement.forget(comm)
     comm.Free()
 
 
@@ -166,7 +167,9 @@ def is_root():
     return world().rank == 0
 
 
-def barrier(comm=None):
+def comm_barrier(comm=None):
+    """Wait until every rank of ``comm`` (default: the world's) has arrived
+    (``dist.barrier`` is PyTorch's ``barrier(group)``)."""
     comm = comm_or_default(comm)
     with guard.guarded("barrier", comm):
         comm.Barrier()

@@ -12,6 +12,13 @@ and what they are doing; past
 collective timeout) it aborts the job with that report. It needs
 MPI_THREAD_MULTIPLE (mpi4py asks for it); where MPI grants less, ``start``
 warns once and the job runs unwatched.
+
+When a peer process dies (its host lost, the network up), MPI's own calls may
+stop returning: the network layer retries the lost connection inside every
+progress call, the watchdog's included. A second thread, ``Deadline``, makes no
+MPI call: past the abort limit, if the watchdog has been stuck in MPI for
+``STUCK_S``, it ends this rank itself (``abort.exit_now``), naming the stalled
+collective and the hosts of the ranks.
 """
 import sys
 import threading
@@ -19,9 +26,10 @@ import time
 
 from . import guard
 from ._mpi import mpi
-from .abort import abort_job
+from .abort import abort_job, exit_now
 
 QUERY, REPLY = 7001, 7002
+STUCK_S = 5.0  # the watchdog's own MPI call has not returned for this long: MPI is stuck
 _thread = {}
 
 
@@ -92,9 +100,11 @@ class Watchdog(threading.Thread):
         self.hosts = hosts  # rank -> host name: a report names the lost node
         self.reported, self.late = None, None
         self.stopped = threading.Event()
+        self.beat = time.time()  # the last time the loop was outside MPI
 
     def run(self):
         while not self.stopped.wait(self.poll_s):
+            self.beat = time.time()
             answer_queries(self.comm)
             pending = guard.state["pending"]
             if pending is None:
@@ -130,6 +140,40 @@ class Watchdog(threading.Thread):
         return lines
 
 
+class Deadline(threading.Thread):
+    """The abort that needs no MPI: see the module's docstring."""
+
+    def __init__(self, watchdog, stuck_s=STUCK_S):
+        super().__init__(name="spmdnet-watchdog-deadline", daemon=True)
+        self.watchdog, self.stuck_s = watchdog, stuck_s
+
+    def run(self):
+        w = self.watchdog
+        while not w.stopped.wait(w.poll_s):
+            pending = guard.state["pending"]
+            if pending is None or w.abort_s is None:
+                continue
+            now = time.time()
+            waited, stuck = now - pending["since"], now - w.beat
+            if waited > w.abort_s and stuck > self.stuck_s:
+                exit_now(self.lines(pending, waited, stuck))
+
+    def lines(self, pending, waited, stuck):
+        w = self.watchdog
+        where = ""
+        if w.hosts:
+            names = sorted(set(w.hosts), key=w.hosts.index)
+            where = "; ranks by host: " + ", ".join(
+                f"{n}: {[r for r, h in enumerate(w.hosts) if h == n]}" for n in names)
+        late = f"; ranks not in it: {on_hosts(w.late, w.hosts)}" if w.late else ""
+        return [f"watchdog (aborting the job): {pending['op']} #{pending['seq']} on "
+                f"{guard.comm_label(pending['comm'])} has waited {waited:.1f} s at "
+                f"{guard.format_site(pending['site'])}{late} "
+                f"(SPMDNET_WATCHDOG_ABORT_S={w.abort_s:g}); MPI calls on this rank have not "
+                f"returned for {stuck:.1f} s: a peer process or its host is likely lost"
+                f"{where}"]
+
+
 def _in_same(st, pending):
     other = st.get("pending")
     return other is not None and all(other[k] == pending[k] for k in ("op", "seq", "comm"))
@@ -152,6 +196,7 @@ def start(control, limit_s, abort_s, thread_multiple):
     hosts = control.allgather(mpi().Get_processor_name())
     _thread["thread"] = Watchdog(control, limit_s, abort_s, hosts=hosts)
     _thread["thread"].start()
+    Deadline(_thread["thread"]).start()
     return _thread["thread"]
 
 

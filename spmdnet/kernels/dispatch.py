@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from .. import config
 from . import activation, attention, conv, conv_direct, embedding, loss, norm, optim_kernels
-from . import pool, winograd
+from . import pool, rnn_cell, winograd
 from . import softmax
 from ._numba import available
 from ._target import array_target
@@ -47,6 +47,10 @@ def _small_logits(logits, *arrays):
 
 def _has_last_axis(x, *arrays):
     return x.ndim > 0
+
+
+def _float32(*arrays):
+    return arrays[0].dtype == "float32"
 
 
 def _contiguous(*arrays):
@@ -125,6 +129,8 @@ TABLE = {
                     "winograd_forward": winograd.forward,
                     "winograd_backward": winograd.backward}),
     "max_pool2d": Rule({"forward": pool.max_pool_forward}),
+    # LSTM backward per step, float32 (float64 left to xp: see benchmarks/lstm_step.py)
+    "lstm": Rule({"backward": rnn_cell.backward}),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
     "adam": Rule({"update": optim_kernels.adam_update}, _contiguous),
 }

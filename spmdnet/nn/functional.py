@@ -11,9 +11,11 @@ docs/PYTORCH.md lists the differences from torch.nn.functional.
 import math
 import warnings
 
+import numpy as np
+
 from .._tensor import Tensor
 from ..backend import xp_of
-from ..random import generator
+from ..random import distributions, generator, generator_for
 from ..ops import (
     GELU,
     Dropout,
@@ -71,6 +73,7 @@ __all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "silu", "leaky_relu", "e
            "adaptive_max_pool2d", "interpolate", "batch_norm"]
 __all__ += ["group_norm", "instance_norm"]
 __all__ += ["conv_transpose1d", "conv_transpose2d"]
+__all__ += ["dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
@@ -141,6 +144,100 @@ def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
     if p == 1.0:  # every element dropped; the 1/(1-p) scale would divide by zero
         return input * 0.0
     return Dropout.apply(input, p=p)
+
+
+def _check_p(p):
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+def _keep_mask(like, shape, keep):
+    """Bernoulli(keep) draws of ``shape`` in ``like``'s dtype, from the
+    generator PyTorch's ``bernoulli_(keep)`` reads (float64 uniforms)."""
+    xp, dtype = xp_of(like), like.dtype
+    if xp is np:
+        return distributions.bernoulli_scalar(generator_for(np), shape, keep, dtype)
+    return (generator_for(xp).random(shape, dtype=np.float64) < keep).astype(dtype)
+
+
+def _noise_dropout(input, p, feature, alpha):  # noqa: A002 - PyTorch's name
+    """PyTorch's dropout family: a mask per element, or per channel
+    (``feature``: shape (N, C, 1, ...)), scaled by 1/(1-p); ``alpha``: the
+    SELU-preserving form, dropped values set to -alpha' and an affine map
+    keeping mean and variance (alpha' = 1.7580993408473766)."""
+    if p == 1.0:
+        return input * 0.0
+    if feature and input.ndim < 2:
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    shape = tuple(input.shape[:2]) + (1,) * (input.ndim - 2) if feature else input.shape
+    noise = _keep_mask(input.array, shape, 1.0 - p)
+    if not alpha:
+        return input * Tensor(noise / noise.dtype.type(1.0 - p))
+    alpha_ = 1.7580993408473766
+    a = 1.0 / math.sqrt((alpha_ * alpha_ * p + 1) * (1 - p))
+    b = (noise - 1) * (alpha_ * a) + alpha_ * a * p
+    return input * Tensor(noise * noise.dtype.type(a)) + Tensor(b.astype(noise.dtype))
+
+
+def _channel_dropout(name, input, p, training, spatial):  # noqa: A002 - PyTorch's name
+    """dropout1d/2d/3d: (N, C, *spatial) or unbatched (C, *spatial) input."""
+    _check_p(p)
+    ndim, batched = input.ndim, input.ndim == spatial + 2
+    if name == "dropout1d" and ndim not in (2, 3):
+        raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {ndim}D "
+                           "input. Note that dropout1d exists to provide channel-wise dropout "
+                           "on inputs with 1 spatial dimension, a channel dimension, and an "
+                           "optional batch dimension (i.e. 2D or 3D inputs).")
+    if name != "dropout1d" and ndim not in (spatial + 1, spatial + 2):
+        warnings.warn(f"{name}: Received a {ndim}-D input to {name}, which is deprecated and "
+                      "will result in an error in a future release. To retain the behavior "
+                      f"and silence this warning, please use dropout instead. Note that {name} "
+                      f"exists to provide channel-wise dropout on inputs with {spatial} spatial "
+                      "dimensions, a channel dimension, and an optional batch dimension (i.e. "
+                      f"{spatial + 1}D or {spatial + 2}D inputs).", stacklevel=3)
+        batched = True
+    elif name == "dropout2d" and ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that "
+                      "channel-wise 1D dropout behavior is desired - input is interpreted as "
+                      "shape (N, C, L), where C is the channel dim. This behavior will change "
+                      "in a future release to interpret the input as one without a batch "
+                      "dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise "
+                      "dropout behavior, please switch to using dropout1d instead.",
+                      stacklevel=3)
+        batched = True
+    if not training or p == 0.0:
+        return input
+    x = input if batched else input.unsqueeze(0)
+    out = _noise_dropout(x, p, feature=True, alpha=False)
+    return out if batched else out.squeeze(0)
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    """Zero whole channels of (N, C, L) or (C, L) input with probability p."""
+    return _channel_dropout("dropout1d", input, p, training, 1)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    """Zero whole channels of (N, C, H, W) or (C, H, W) input with probability p
+    (a 3-D input is taken as (N, C, L), with PyTorch's warning)."""
+    return _channel_dropout("dropout2d", input, p, training, 2)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) input with probability p."""
+    return _channel_dropout("dropout3d", input, p, training, 3)
+
+
+def alpha_dropout(input, p=0.5, training=False, inplace=False):  # noqa: A002
+    """Dropout for SELU networks: keeps the input's mean and variance."""
+    _check_p(p)
+    return input if not training or p == 0.0 else _noise_dropout(input, p, False, True)
+
+
+def feature_alpha_dropout(input, p=0.5, training=False, inplace=False):  # noqa: A002
+    """``alpha_dropout`` of whole channels."""
+    _check_p(p)
+    return input if not training or p == 0.0 else _noise_dropout(input, p, True, True)
 
 
 def _layer_norm_last(x, weight, bias, eps):

@@ -6,7 +6,7 @@ behind any Tensor method.
 """
 from .._tensor import Tensor
 from . import compare, complex, convert, gather, index, inplace, methods, pointwise, reduce
-from . import sampling, scan, shape, sort, unary
+from . import sampling, scan, shape, shared_storage, sort, unary
 from .arith import add, as_tensor_like, div, mul, neg, pow, rdiv, rpow, rsub, sub
 from .convert import array_ufunc
 from .index import getitem
@@ -79,6 +79,8 @@ TENSOR_METHODS = {
     **convert.CASTS, "__array_ufunc__": array_ufunc,
     # in place on .array, no graph: +=, *=, zero_, add_, copy_, t[i] = v (ops/inplace.py)
     **inplace.METHODS,
+    # share_memory_, is_shared (ops/shared_storage.py; pickling: multiprocessing/reductions.py)
+    **shared_storage.METHODS,
 }
 
 

@@ -28,6 +28,7 @@ cell measured slower forward (0.1-0.4x: NumPy's SIMD tanh/exp) and at most
 1.15x on this backward (N=20, H=200; none at N=64, H=512), where the
 recurrent products dominate: no kernel (docs/PERFORMANCE.md).
 """
+from .. import kernels
 from ..autograd.function import Function
 from ..backend import xp_of
 
@@ -61,7 +62,10 @@ class _Sequence(Function):
         ``products[t]`` when given (a (T, N, G·H) array the op keeps)."""
         xp = xp_of(xw)
         self.w_hh, self.h0, self.reverse = w_hh, h0, reverse
-        w_t = w_hh.T
+        # h (N, H) x W_hhᵀ as a plain product on a (H, G·H) copy: BLAS's
+        # transposed-operand path measured up to 2x slower at these sizes
+        # (OpenBLAS's AVX-512 kernels, N=20, H=200); the copy is one pass
+        w_t = xp.ascontiguousarray(w_hh.T)
         hs = xp.empty(xw.shape[:2] + (h0.shape[-1],), xw.dtype)
         h = h0
         for t in _steps(xw.shape[0], reverse):
@@ -146,6 +150,7 @@ class LSTMSequence(_Sequence):
             c_prev[0] = c
 
         hs = self._loop_forward(xw, h0, w_hh, reverse, step, products=self.gates)
+        self.cell_backward = kernels.lookup("lstm", xw, h0, c0, w_hh, step="backward")
         return xp.concatenate([hs, c_prev[0][None]])
 
     def _factors(self, xp):
@@ -164,6 +169,10 @@ class LSTMSequence(_Sequence):
         return o * (1 - tanh_c * tanh_c), factors, f
 
     def backward(self, grad):
+        if self.cell_backward is not None:  # kernels/rnn_cell.py: one pass per step
+            d_gates, dh, dc = self.cell_backward(grad, self.gates, self.cs, self.tanh_cs,
+                                                 self.c0, self.w_hh, self.reverse)
+            return d_gates, dh, dc, self._weight_grad(d_gates, 3)
         xp = xp_of(grad)
         length = self.hs.shape[0]
         dc_dh, d_gates, f = self._factors(xp)  # d_gates: multiplied in place below

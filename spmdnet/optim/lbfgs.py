@@ -122,8 +122,8 @@ class LBFGS(Optimizer):
             if group["line_search_fn"] is not None:
                 start = [p.array.copy() for p in self._params]
                 loss, grad, t, trials = _strong_wolfe(
-                    lambda step: self._evaluate(closure, start, step, d), t, d, loss, grad,
-                    gtd)
+                    lambda step, start=start, d=d: self._evaluate(closure, start, step, d),
+                    t, d, loss, grad, gtd)
                 self._add(t, d)
                 optimal = float(xp.abs(grad).max()) <= tol_grad
             else:
@@ -187,11 +187,14 @@ def _strong_wolfe(evaluate, t, d, f, g, gtd, c1=1e-4, c2=0.9, tol_change=1e-9, m
     done, trial = False, 0
     bracket = None
     while trial < max_ls:  # grow the step until a bracket holds a Wolfe point
-        if f_new > f + c1 * t * gtd or (trial > 1 and f_new >= f_prev) or gtd_new >= 0:
+        if f_new > f + c1 * t * gtd or (trial > 1 and f_new >= f_prev):
             bracket = [[t_prev, f_prev, g_prev, gtd_prev], [t, f_new, g_new, gtd_new]]
             break
         if abs(gtd_new) <= -c2 * gtd:
             bracket, done = [[t, f_new, g_new, gtd_new]], True
+            break
+        if gtd_new >= 0:  # past a minimum: it lies between the last two trials
+            bracket = [[t_prev, f_prev, g_prev, gtd_prev], [t, f_new, g_new, gtd_new]]
             break
         t_next = _cubic_min(t_prev, f_prev, gtd_prev, t, f_new, gtd_new,
                             bounds=(t + 0.01 * (t - t_prev), t * 10))

@@ -1,6 +1,7 @@
-"""SyncBatchNorm: batch normalization whose training statistics are those of
-the whole group's batch (PyTorch's ``nn.SyncBatchNorm``, ChainerMN's
-multi-node batch normalization).
+"""SyncBatchNorm's communication: the layer is PyTorch's
+``nn.SyncBatchNorm`` (``spmdnet/nn/modules/batchnorm.py``, PyTorch's path);
+this module registers with it how a group reduces (``_Group``), and checks
+a wrapped model's layers at DataParallel's wrap time (``attach``).
 
 The group is any communicator (the world by default, ``mesh.dp``, a split
 of it); each layer reduces on a private duplicate of it. Forward: one
@@ -25,8 +26,7 @@ import numpy as np
 from .. import distributed as dist
 from ..backend import asnumpy, xp_of
 from ..errors import DistributedError
-from ..nn.modules.batchnorm import _BatchNorm
-from ..ops.batchnorm import batch_norm
+from ..nn.modules.batchnorm import SyncBatchNorm, register_sync_backend
 
 
 class _Group:
@@ -66,90 +66,8 @@ class _Group:
         return xp_of(sums).asarray(out.astype(sums.dtype))
 
 
-class SyncBatchNorm(_BatchNorm):
-    """``nn.SyncBatchNorm(num_features, eps, momentum, affine,
-    track_running_stats, comm=None)``; ``process_group=`` is PyTorch's name
-    for ``comm``; None is the world. Input (N, C, *). Eval mode (or a group
-    of one rank) is plain batch normalization."""
-
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, comm=None, process_group=None, device=None,
-                 dtype=None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats,
-                         device, dtype)
-        if comm is not None and process_group is not None and comm is not process_group:
-            raise ValueError("SyncBatchNorm: give comm or process_group, not both")
-        self.process_group = comm if comm is not None else process_group
-        self._group = None
-        self._join_chain, self._join_hook = None, None
-
-    def _check_input_dim(self, x):
-        if x.ndim < 2:
-            raise ValueError(f"SyncBatchNorm: expected at least 2D input (N, C, *), got "
-                             f"{x.ndim}D input of shape {tuple(x.shape)}")
-
-    def group_comm(self):
-        """The communicator the statistics are synchronised over."""
-        return dist.comm_or_default(self.process_group)
-
-    def _synced(self):
-        """Whether this forward reduces (the same answer on every rank of the group)."""
-        return self._uses_batch_stats() and self.training and self.group_comm().Get_size() > 1
-
-    def _reducer(self):
-        if self._group is None:  # collective over the group: first synchronised forward
-            self._group = _Group(dist.dup(self.group_comm()))
-        return self._group
-
-    def forward(self, x):
-        self._check_input_dim(x)
-        if not self._synced():
-            return super().forward(x)
-        factor = self._factor()
-        return batch_norm(x, *self._running(), self.weight, self.bias, True, factor,
-                          self.eps, group=self._reducer())
-
-    # -- the joinable protocol (data_parallel/join.py) ----------------------------------
-    def join_shadow(self):
-        """A rank out of data answers one iteration's reductions with zeros."""
-        chain = self._join_chain or [self]
-        if self is chain[0] and self._join_hook is not None:
-            self._join_hook()  # DataParallel's buffer broadcast comes before any forward
-        c = self.num_features
-        if self._synced():
-            self._reducer().allgather(np.zeros(1 + 2 * c))
-        if self is chain[-1]:
-            for layer in reversed(chain):
-                if layer._synced():
-                    layer._reducer().allreduce_host(np.zeros((2, layer.num_features)))
-
-    def join_done(self, last_rank):
-        """Nothing to do: DataParallel hands every rank the last rank's buffers."""
-
-    @classmethod
-    def convert_sync_batchnorm(cls, module, comm=None, process_group=None):
-        """``module`` with every BatchNorm*d replaced by a SyncBatchNorm over
-        ``comm`` (same parameters, buffers, mode); returns the new module
-        (the same object unless ``module`` itself is a BatchNorm)."""
-        comm = comm if comm is not None else process_group
-        if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine,
-                      module.track_running_stats, comm=comm)
-            if module.affine:
-                out.weight, out.bias = module.weight, module.bias
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                out._buffers[name] = module._buffers[name]
-            out.train(module.training)
-            return out
-        for name, child in list(module._modules.items()):
-            if child is not None:
-                new = cls.convert_sync_batchnorm(child, comm)
-                if new is not child:
-                    module._modules[name] = new
-        return module
-
-    def extra_repr(self):
-        return super().extra_repr() + ", synchronised"
+register_sync_backend(resolve=dist.comm_or_default, size=lambda comm: comm.Get_size(),
+                      reducer=lambda comm: _Group(dist.dup(comm)))
 
 
 def _contained(inner, outer):

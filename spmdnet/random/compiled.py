@@ -1,4 +1,4 @@
-"""The float64 loops of the sampling transforms, compiled by Numba so they
+"""The loops of the sampling transforms, compiled by Numba so they
 call the C library's ``log``/``log1p``/``exp``/``cos``/``sin``/``tan`` and a
 true fused multiply-add, as PyTorch's kernels do (NumPy's own vectorised
 ``log1p``, ``exp`` and ``tan`` differ from libm in the last bit now and then).
@@ -29,8 +29,14 @@ if jit_disabled():
 else:
     @numba.extending.intrinsic
     def _fma_intrinsic(typingctx, a, b, c):
-        f64 = numba.types.float64
-        return f64(f64, f64, f64), lambda context, builder, signature, args: builder.fma(*args)
+        """LLVM's fma: float32 when all three are float32, else float64."""
+        kind = numba.types.float32 if a == b == c == numba.types.float32 \
+            else numba.types.float64
+
+        def codegen(context, builder, signature, args):
+            args = [context.cast(builder, v, t, kind) for v, t in zip(args, signature.args)]
+            return builder.fma(*args)
+        return kind(a, b, c), codegen
 
     def fma(a, b, c):  # pragma: no cover - replaced in compiled code
         return _exact_fma(a, b, c)
@@ -122,3 +128,21 @@ def fisher_yates(perm, draws):
     for i in range(n - 1):
         z = i + draws[i] % (n - i)
         perm[i], perm[z] = perm[z], perm[i]
+
+
+@_compiled
+def join64(raw):
+    """64-bit draws from pairs of 32-bit ones (held in uint64), the first high."""
+    out = np.empty(raw.size // 2, np.uint64)
+    for i in range(out.size):
+        out[i] = (raw[2 * i] << np.uint64(32)) | raw[2 * i + 1]
+    return out
+
+
+@_compiled
+def uniform_float64(draws64):
+    """[0, 1) from the low 53 bits of 64-bit draws."""
+    out = np.empty(draws64.size, np.float64)
+    for i in range(out.size):
+        out[i] = np.float64(draws64[i] & np.uint64(0x1FFFFFFFFFFFFF)) * 1.1102230246251565e-16
+    return out

@@ -11,14 +11,14 @@ pair giving two normals, the second kept for the next call. Scalar-p
 Bernoulli, the exponential family and multinomial use float64 uniforms;
 tensor-p Bernoulli float32 ones. The float64 transforms call the C library's
 ``log``/``log1p``/``cos``/``sin`` (through Numba, or ``math`` without it) as
-PyTorch does, so they are bitwise; see ``box_muller_float32`` for float32.
+PyTorch does, so they are bitwise; float32 normals follow PyTorch's
+vectorised kernel (``compiled32``, ``float32_math``).
 """
 import math
 
 import numpy as np
 
-from . import compiled
-from .float32_math import box_muller_float32, fma_float32
+from . import compiled, compiled32
 
 
 def _size(shape):
@@ -33,10 +33,12 @@ def _native(dtype):
 def uniform(g, shape, low, high, dtype):
     """``uniform_(low, high)``: ``u * (high - low) + low`` in the tensor's dtype."""
     native = _native(dtype)
-    u = g.uniform01(_size(shape), native)
     lo, hi = native.type(low), native.type(high)
-    fused = compiled.fma_array if native == np.float64 else fma_float32
-    return fused(u, hi - lo, lo).reshape(shape).astype(dtype, copy=False)
+    if native == np.float64:
+        out = compiled.fma_array(g.uniform01(_size(shape), native), hi - lo, lo)
+    else:
+        out = compiled32.uniform_float32(g.random32(_size(shape)), lo, hi - lo)
+    return out.reshape(shape).astype(dtype, copy=False)
 
 
 def _scalar_normals(g, n, mean, std):
@@ -59,7 +61,7 @@ def _fill_normals(block, mean, std, native):
     if native == np.float64:
         compiled.box_muller_float64(block, float(mean), float(std))
     else:
-        box_muller_float32(block, np.float32(mean), np.float32(std))
+        compiled32.box_muller_float32(block, mean, std)
 
 
 def normal(g, shape, mean, std, dtype):

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from .._tensor import Tensor
+from . import compiled
 
 DEFAULT_SEED = 67280421310721  # PyTorch's default initial seed
 STATE_BYTES = 5056
@@ -86,14 +87,13 @@ class Generator:
 
     def random64(self, n):
         """``n`` 64-bit draws, each from two 32-bit ones (the first high)."""
-        raw = self.random32(2 * int(n))
-        return (raw[0::2] << np.uint64(32)) | raw[1::2]
+        return compiled.join64(self.random32(2 * int(n)))
 
     def uniform01(self, n, dtype):
         """``n`` uniforms on [0, 1): float32 from 24 bits of one 32-bit draw,
         float64 from 53 bits of one 64-bit draw."""
         if np.dtype(dtype) == np.float64:
-            return (self.random64(n) & np.uint64(2**53 - 1)).astype(np.float64) * 2.0**-53
+            return compiled.uniform_float64(self.random64(n))
         bits = self.random32(n) & np.uint64(2**24 - 1)
         return bits.astype(np.float32) * np.float32(2.0**-24)
 

@@ -34,10 +34,11 @@ def main(path, nbytes):
     out["allreduce_scalar"] = [dist.allreduce(float(r + 1), "sum")]
     big = np.full(nbytes // 8, float(r + 1))
     out["allreduce_large_first_last"] = dist.allreduce(big, "sum")[[0, -1]]
-    out["broadcast"] = dist.broadcast(per_rank(r), root=p - 1)
-    out["broadcast_object"] = [dist.broadcast({"from": r}, root=p - 1)["from"]]
+    out["broadcast"] = dist.bcast(per_rank(r), root=p - 1)
+    out["broadcast_object"] = [dist.bcast({"from": r}, root=p - 1)["from"]]
     out["allgather"] = dist.allgather(per_rank(r, 3)).ravel()
-    out["reduce_scatter"] = dist.reduce_scatter(np.stack([per_rank(r, 3)] * p), "sum").ravel()
+    out["reduce_scatter"] = dist.reduce_scatter_block(np.stack([per_rank(r, 3)] * p),
+                                                  "sum").ravel()
     # torch.distributed's spelling, on Tensors
     t = sn.tensor(per_rank(r))
     dist.all_reduce(t)

@@ -171,10 +171,14 @@ class TwoHosts:
             kill_all_in(h.netns)
             _ip("netns", "del", h.netns, check=False)  # takes the veth pair with it
 
-    def argv(self, host, argv):
-        """``argv`` run on ``host``: in its network namespace, with its hostname."""
-        return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', host.hostname, *map(str, argv)]
+    def argv(self, host, argv, keep_sys=False):
+        """``argv`` run on ``host``: in its network namespace, with its hostname.
+        ``keep_sys``: see the machine's /sys (with its cgroups, which slurmd needs)
+        instead of the namespace's own sysfs that ``ip netns exec`` mounts."""
+        enter = (["nsenter", f"--net=/run/netns/{host.netns}"] if keep_sys
+                 else ["ip", "netns", "exec", host.netns])
+        return [*enter, "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"',
+                host.hostname, *map(str, argv)]
 
     def env(self, base=None):
         """``base`` (os.environ) plus what the launcher and MPICH need to run

@@ -74,14 +74,14 @@ def test_allreduce_tensor():
 def test_broadcast_from_every_root(dtype):
     for root in range(dist.size()):
         x = ranks_array((3, 5), dtype)
-        dist.broadcast(x, root=root)
+        dist.bcast(x, root=root)
         np.testing.assert_array_equal(x, ranks_array((3, 5), dtype) - dist.rank() + root)
-    assert dist.broadcast({"r": dist.rank()}, root=0) == {"r": 0}  # any object
+    assert dist.bcast({"r": dist.rank()}, root=0) == {"r": 0}  # any object
 
 
 def test_broadcast_bad_root():
     with pytest.raises(ValueError, match="outside"):
-        dist.broadcast(np.zeros(2), root=dist.size())
+        dist.bcast(np.zeros(2), root=dist.size())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -109,7 +109,7 @@ def test_reduce_scatter_blocks(dtype):
     n, k = dist.size(), 3
     x = ranks_array((n * k, 2), dtype)
     before = x.copy()
-    out = dist.reduce_scatter(x, op="sum")
+    out = dist.reduce_scatter_block(x, op="sum")
     rows = np.arange(n * k * 2, dtype=np.float64).reshape(n * k, 2)
     want = (n * rows + n * (n - 1) / 2)[dist.rank() * k:(dist.rank() + 1) * k]
     np.testing.assert_array_equal(out, want.astype(dtype))
@@ -118,7 +118,8 @@ def test_reduce_scatter_blocks(dtype):
 
 def test_reduce_scatter_indivisible():
     with pytest.raises(ValueError, match="divisible"):
-        dist.reduce_scatter(np.zeros(dist.size() + 1) if dist.size() > 1 else np.zeros(()))
+        dist.reduce_scatter_block(np.zeros(dist.size() + 1) if dist.size() > 1 else
+                                  np.zeros(()))
 
 
 def test_collectives_on_a_split_communicator():

@@ -393,7 +393,7 @@ def test_save_and_load_checkpoint_hold_the_full_model(tmp_path):
     _, fsdp = make()
     opt = optim.SGD(fsdp.parameters(), lr=0.1)
     fsdp_step(fsdp, opt, *local(global_batch(0)))
-    path = dist.broadcast(str(tmp_path) if dist.rank() == 0 else None)
+    path = dist.bcast(str(tmp_path) if dist.rank() == 0 else None)
     saved = sn.save_checkpoint(path + "/", fsdp, step=3)
     before = fsdp.state_dict()
     for p in fsdp.parameters():
@@ -414,7 +414,7 @@ def test_checkpoint_resume_equals_uninterrupted_bit_for_bit(tmp_path, cls, kw):
     opt = cls(fsdp.parameters(), **kw)
     for step in range(2):
         fsdp_step(fsdp, opt, *local(global_batch(step)))
-    path = dist.broadcast(str(tmp_path) if dist.rank() == 0 else None)
+    path = dist.bcast(str(tmp_path) if dist.rank() == 0 else None)
     saved = sn.save_checkpoint(path + "/", fsdp, opt, step=2)
     for step in range(2, 4):
         fsdp_step(fsdp, opt, *local(global_batch(step)))
@@ -480,7 +480,7 @@ def test_checkpoint_of_a_plain_optimizer_is_refused_by_fsdp(tmp_path):
     ref = serial()
     ref_opt = optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     serial_step(ref, ref_opt, *global_batch(0))
-    path = dist.broadcast(str(tmp_path) if dist.rank() == 0 else None)
+    path = dist.bcast(str(tmp_path) if dist.rank() == 0 else None)
     saved = sn.save_checkpoint(path + "/", ref, ref_opt, step=1)
     _, fsdp = make()
     opt = optim.SGD(fsdp.parameters(), lr=0.1, momentum=0.9)

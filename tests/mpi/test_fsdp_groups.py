@@ -205,7 +205,7 @@ def test_checkpoint_resume_equals_uninterrupted(tmp_path):
     opt = optim.AdamW(fsdp.param_groups(), **KW)
     for step in range(2):
         fsdp_step(fsdp, opt, *global_batch(step), clip=0.5)
-    path = dist.broadcast(str(tmp_path) if dist.rank() == 0 else None)
+    path = dist.bcast(str(tmp_path) if dist.rank() == 0 else None)
     saved = sn.save_checkpoint(path + "/", fsdp, opt, step=2)
     for step in range(2, 4):
         fsdp_step(fsdp, opt, *global_batch(step), clip=0.5)

@@ -28,7 +28,7 @@ def assert_grads_home(ddp, homes):
 
 def assert_replicas_equal(arrays):
     for a in arrays:
-        np.testing.assert_array_equal(dist.broadcast(a.copy()), a)
+        np.testing.assert_array_equal(dist.bcast(a.copy()), a)
 
 
 # each step: how it zeroes, whether it accumulates a no_sync micro-batch first, and clipping

@@ -40,7 +40,7 @@ def test_check_mode_catches_a_skipped_collective(debug_collectives):
     with pytest.raises(sn.DistributedError, match="broadcast"):
         if dist.rank() != 1:
             dist.allreduce(x)  # rank 1 skips this one ...
-        dist.broadcast(x)      # ... and arrives here instead
+        dist.bcast(x)          # ... and arrives here instead
 
 
 def test_check_mode_passes_matching_collectives(debug_collectives):
@@ -129,7 +129,7 @@ def test_check_mode_leaves_groups_running_different_collectives_alone(debug_coll
             dist.allreduce(x, comm=mesh.tp)
         else:                  # ... the other broadcasts, late, then gathers
             time.sleep(1.5)
-            dist.broadcast(x, comm=mesh.tp)
+            dist.bcast(x, comm=mesh.tp)
             dist.allgather(x, comm=mesh.tp)
         dist.barrier()
     assert x[0] == (4.0 if mesh.dp_rank == 0 else 1.0)  # each group ran its own collectives

@@ -254,3 +254,13 @@ def test_rng_state_covers_forked_streams_and_parallel_dropout(mesh):
         np.testing.assert_array_equal(F.dropout(ones, 0.5).array, first)
     layer.eval()
     assert layer(ones) is ones
+
+
+def test_a_process_group_is_a_tensor_parallel_group(mesh):
+    # PyTorch programs hold process groups: a layer takes one as its TP group
+    group = dist.new_group(list(range(dist.size())))
+    by_group = parallel.ColumnParallelLinear(IN, HID, group)
+    assert by_group.comm is group.comm and by_group.tp_size == dist.size()
+    with pytest.raises(TypeError, match=r"a process group \(dist\.new_group\)"):
+        parallel.ColumnParallelLinear(IN, HID, object())
+    dist.destroy_process_group(group)

@@ -89,15 +89,17 @@ def test_reduce_to_last_rank_leaves_others_untouched():
     np.testing.assert_array_equal(t.numpy(), np.full(3, want))
 
 
-def test_broadcast_from_a_global_src_and_spmdnet_spelling():
+def test_broadcast_from_a_global_src_and_spmdnet_bcast():
     r, n = rn()
     t = full((4,), r * 10)
-    dist.broadcast(t, src=n - 1)
+    assert dist.broadcast(t, src=n - 1) is None  # PyTorch's return
     np.testing.assert_array_equal(t.numpy(), np.full(4, (n - 1) * 10))
+    with pytest.raises(TypeError):  # one signature: spmdnet's root=/comm= are dist.bcast's
+        dist.broadcast(t, root=0)
     x = np.full(2, float(r))
-    assert dist.broadcast(x, root=n - 1) is x
+    assert dist.bcast(x, root=n - 1) is x
     np.testing.assert_array_equal(x, np.full(2, n - 1.0))
-    assert dist.broadcast({"from": r}, 0, dist.world().comm) == {"from": 0}
+    assert dist.bcast({"from": r}, 0, dist.world().comm) == {"from": 0}
 
 
 def test_all_gather_and_into_tensor():
@@ -129,7 +131,7 @@ def test_gather_and_scatter_at_the_last_rank():
     assert mine.tolist() == [100 + r] * 2
 
 
-def test_reduce_scatter_list_tensor_and_spmdnet_spelling():
+def test_reduce_scatter_list_tensor_and_spmdnet_block():
     r, n = rn()
     want = n * (n - 1) / 2 + n * r  # sum over ranks s of (s + r)
     out = full((2,), -1)
@@ -140,9 +142,9 @@ def test_reduce_scatter_list_tensor_and_spmdnet_spelling():
                                op=dist.ReduceOp.AVG)
     np.testing.assert_allclose(out.numpy(), np.full(2, want / n))
     x = np.concatenate([np.full(2, float(r + j)) for j in range(n)])
-    np.testing.assert_array_equal(dist.reduce_scatter(x, "sum", dist.world().comm),
+    np.testing.assert_array_equal(dist.reduce_scatter_block(x, "sum", dist.world().comm),
                                   np.full(2, want))
-    np.testing.assert_allclose(dist.reduce_scatter(x, op="mean"), np.full(2, want / n))
+    np.testing.assert_allclose(dist.reduce_scatter_block(x, op="mean"), np.full(2, want / n))
 
 
 def test_all_to_all_uneven_blocks():
@@ -245,7 +247,7 @@ def test_object_collectives():
 
 def test_barrier_spellings():
     dist.barrier()
-    dist.barrier(dist.world().comm)   # spmdnet's barrier(comm)
+    dist.comm_barrier(dist.world().comm)   # spmdnet's barrier on a communicator
     dist.barrier(group=dist.group.WORLD)
 
 

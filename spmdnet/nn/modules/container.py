@@ -109,6 +109,8 @@ class Sequential(ModuleSequence):
     every module in turn.
     """
 
+    fuse = True  # also for a Sequential unpickled from PyTorch's (no such attribute)
+
     def __init__(self, *modules, fuse=True):
         if len(modules) == 1 and isinstance(modules[0], OrderedDict):
             super().__init__()

@@ -11,7 +11,7 @@ from ...backend import to_device
 from ..._args import resolve_device, resolve_dtype
 from ..._tensor import Tensor
 from ..parameter import Parameter, grad_array
-from . import _hooks, _state
+from . import _hooks, _memory, _state
 from ._hooks import (ModuleHooks, register_module_forward_hook, register_module_forward_pre_hook,
                      register_module_full_backward_hook, register_module_full_backward_pre_hook)
 from ._hooks import GLOBAL_ACTIVE as _GLOBAL_ACTIVE
@@ -261,6 +261,15 @@ class Module(ModuleHooks):
     def cuda(self, device=None):
         """Move to this rank's GPU (``device`` is accepted for PyTorch's signature)."""
         return self.to("gpu")
+
+    def to_empty(self, *, device=None, recurse=True):
+        """Every parameter and buffer gets uninitialised storage of its shape
+        on ``device``; fill it with ``reset_parameters()`` or a state_dict."""
+        return _memory.to_empty(self, device, recurse)
+
+    def share_memory(self):
+        """Host parameters and buffers into shared memory (see ``_memory.py``)."""
+        return _memory.share_memory(self)
 
     def _tensors(self):
         """Every parameter and buffer once (for ``to``)."""

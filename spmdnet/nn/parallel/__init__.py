@@ -1,9 +1,9 @@
 """``torch.nn.parallel``'s path: ``DataParallel`` is PyTorch's single-process
-wrapper (``data_parallel.py``); ``DistributedDataParallel`` is implemented in
-``distributed.py`` (PyTorch's file), which sits with the strategies, a layer
-above nn: importing nn does not import it. ``import spmdnet`` does (the
-strategies re-export it as ``parallel.DataParallel``), so the name resolves
-here from the loaded module.
+wrapper (``data_parallel.py``); ``DistributedDataParallel`` is spmdnet's data
+parallelism (``spmdnet.parallel.data_parallel``, also at PyTorch's path
+``nn.parallel.distributed``), with the strategies a layer above nn: importing
+nn does not import it, ``import spmdnet`` does, and the name resolves here
+from the loaded module.
 """
 import sys
 
@@ -14,5 +14,5 @@ __all__ = ["DistributedDataParallel", "DataParallel"]
 
 def __getattr__(name):
     if name == "DistributedDataParallel":
-        return sys.modules[f"{__name__}.distributed"].DistributedDataParallel
+        return sys.modules["spmdnet.parallel.data_parallel"].DistributedDataParallel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

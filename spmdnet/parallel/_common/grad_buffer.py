@@ -129,8 +129,8 @@ class ParamAndGradBuffer:
         self.started_early = 0     # of the last backward's buckets, started from hooks
         if self.persistent:
             self._persistent_homes(by_dtype)
-        for p in self.params:
-            if not self.persistent:
+        else:
+            for p in self.params:
                 p.grad = None      # gradients from before wrapping are not kept
                 place_grad(p, self._staging_home)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -322,7 +322,7 @@ def broadcast_params(buffer, comm, root=0):
     for bucket in buffer.buckets:
         for p, view in zip(bucket.params, bucket.views):
             view[...] = p.array
-        dist.broadcast(bucket.buffer, root=root, comm=comm)
+        dist.bcast(bucket.buffer, root=root, comm=comm)
         for p, view in zip(bucket.params, bucket.views):
             p.array[...] = view
         bucket.buffer[...] = 0

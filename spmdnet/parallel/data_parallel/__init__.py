@@ -1,12 +1,11 @@
 """Data parallelism: every rank holds the whole model, gradients are averaged.
 
-- ``DataParallel``: ``DistributedDataParallel`` itself (implemented at
-  PyTorch's path, ``spmdnet/nn/parallel/distributed.py``: a
-  ``_common.grad_buffer.ParamAndGradBuffer`` that all-reduces);
+- ``ddp``: ``DistributedDataParallel``, also named ``DataParallel`` (one
+  class): a ``_common.grad_buffer.ParamAndGradBuffer`` that all-reduces;
 - ``join``: uneven numbers of batches (``with ddp.join():``);
 - ``explicit``: ``allreduce_gradients``, the hook-free way.
 """
-from ...nn.parallel.distributed import DistributedDataParallel
+from .ddp import DistributedDataParallel
 from .explicit import allreduce_gradients
 from .join import Join
 

@@ -85,9 +85,9 @@ class FullyShardedDataParallel(NoSync, Module):
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
         for p in module.parameters():  # frozen ones too: they stay full on every rank
-            dist.broadcast(p.array, root=0, comm=self.comm)
+            dist.bcast(p.array, root=0, comm=self.comm)
         for _, b in module.named_buffers():
-            dist.broadcast(b.array, root=0, comm=self.comm)
+            dist.bcast(b.array, root=0, comm=self.comm)
         self.units, self._module_hooks = [], []
         self._finish_scheduled = self._open_forward = False
         self._chaining, self._last_unit_out = False, None  # see units.ChainEnd

@@ -75,10 +75,16 @@ def _full_linear_init(in_features, out_features, bias, dtype):
 
 
 def check_comm(comm, layer):
-    """TypeError unless ``comm`` is a communicator (a layer's TP group)."""
+    """The communicator of a layer's TP group ``comm``: a process group
+    (``dist.new_group``; ValueError on a rank outside it) or a communicator
+    (``mesh.tp``); TypeError for anything else."""
+    if isinstance(comm, dist.ProcessGroup) or comm == dist.GroupMember.NON_GROUP_MEMBER:
+        return dist.comm_of(comm, layer)
     if not hasattr(comm, "Get_size"):
-        raise TypeError(f"{layer}: comm must be an mpi4py communicator (e.g. mesh.tp), got "
+        raise TypeError(f"{layer}: comm must be the tensor-parallel group: a process group "
+                        f"(dist.new_group) or a communicator (e.g. mesh.tp), got "
                         f"{type(comm).__name__}")
+    return comm
 
 
 class TPModule(Module):
@@ -93,7 +99,7 @@ class _ParallelLinear(Module):
 
     def __init__(self, in_features, out_features, comm):
         super().__init__()
-        check_comm(comm, type(self).__name__)
+        comm = check_comm(comm, type(self).__name__)
         self.in_features, self.out_features = in_features, out_features
         self.comm, self.tp_size = comm, comm.Get_size()
 
@@ -262,8 +268,8 @@ def scatter_state_dict(model, state, mesh):
         full = np.empty(_full_shape(t, axis, mesh.tp_size), t.dtype)
         if root:
             full[...] = np.asarray(state[key])
-        dist.broadcast(full, root=0, comm=mesh.dp)
-        dist.broadcast(full, root=0, comm=mesh.tp)
+        dist.bcast(full, root=0, comm=mesh.dp)
+        dist.bcast(full, root=0, comm=mesh.tp)
         if axis is not None:
             full = split_shard(full, axis, mesh.tp_size, mesh.tp_rank, groups)
         local[key] = full

@@ -55,7 +55,7 @@ class ParallelSelfAttention(TPModule):
 
     def __init__(self, embed_dim, num_heads, comm, dropout=0.0, bias=True, dtype=None):
         super().__init__()
-        check_comm(comm, "ParallelSelfAttention")
+        comm = check_comm(comm, "ParallelSelfAttention")
         self.comm, self.tp_size = comm, comm.Get_size()
         if num_heads % self.tp_size:
             raise ValueError(f"ParallelSelfAttention: num_heads {num_heads} is not divisible "
@@ -111,7 +111,7 @@ class VocabParallelEmbedding(TPModule):
 
     def __init__(self, num_embeddings, embedding_dim, comm, dtype=None):
         super().__init__()
-        check_comm(comm, "VocabParallelEmbedding")
+        comm = check_comm(comm, "VocabParallelEmbedding")
         self.comm, self.tp_size = comm, comm.Get_size()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         full = Embedding(num_embeddings, embedding_dim, dtype=dtype).weight.array
@@ -171,7 +171,7 @@ def vocab_parallel_cross_entropy(logits_shard, target, comm, ignore_index=-100):
     """``F.cross_entropy(gathered_logits, target, ignore_index=...)`` (mean over
     the targets not ignored) from this rank's vocabulary slice of the logits
     (N, V/tp) or (..., V/tp), without gathering them."""
-    check_comm(comm, "vocab_parallel_cross_entropy")
+    comm = check_comm(comm, "vocab_parallel_cross_entropy")
     xp = xp_of(logits_shard.array)
     tgt = xp.asarray(target.array if isinstance(target, Tensor) else target)
     if tgt.dtype.kind not in "iu" or tgt.shape != tuple(logits_shard.shape[:-1]):

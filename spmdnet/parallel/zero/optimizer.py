@@ -234,7 +234,7 @@ class ZeroRedundancyOptimizer:
     def _reduce_scatter_grads(self):
         full = self.layout.pack(xp_of(self.flat).zeros_like(self.flat),
                                 [None if p.grad is None else p.grad.array for p in self.params])
-        self.grad_shard[...] = dist.reduce_scatter(full, op="mean", comm=self.comm)
+        self.grad_shard[...] = dist.reduce_scatter_block(full, op="mean", comm=self.comm)
 
     def _allgather_params(self):
         all_gather_in_place(self.flat, self.comm, "allgather(zero parameters)")

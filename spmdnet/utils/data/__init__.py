@@ -6,8 +6,8 @@ evaluation and dataset writers. ``spmdnet.data`` is an alias of this package
 from . import datasets, transforms
 from .array import ArrayDataset
 from .collate import default_collate, default_convert
-from .dataset import (ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset,
-                      TensorDataset, random_split)
+from .dataset import (ChainDataset, ConcatDataset, Dataset, IterableDataset, StackDataset,
+                      Subset, TensorDataset, random_split)
 from .distributed import DistributedSampler
 from .evaluation import evaluate, shard_indices
 from .hdf5 import HDF5Dataset, check_same_features
@@ -21,7 +21,7 @@ from .worker import WorkerInfo, get_worker_info
 __all__ = ["ArrayDataset", "HDF5Dataset", "check_same_features", "DistributedSampler",
            "DataLoader", "progress", "evaluate", "shard_indices", "datasets", "transforms",
            "CharTokenizer", "TokenDataset", "unigram_entropy",
-           "Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset",
+           "Dataset", "IterableDataset", "TensorDataset", "StackDataset", "Subset", "ConcatDataset",
            "ChainDataset", "random_split", "default_collate", "default_convert",
            "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
            "WeightedRandomSampler", "BatchSampler", "get_worker_info", "WorkerInfo"]

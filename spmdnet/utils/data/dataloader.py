@@ -47,9 +47,12 @@ from ...random import distributions
 from .batched import reads_batches
 from .collate import default_collate, default_convert
 from .dataset import IterableDataset, Subset
+from .options import check_options
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 from .transforms import batch_seed
-from .worker import Fetcher, WorkerPool
+from .worker import Fetcher, WorkerPool, get_worker_info
+
+__all__ = ["DataLoader", "get_worker_info", "default_collate", "default_convert"]  # PyTorch's
 
 _DONE = object()
 
@@ -57,41 +60,6 @@ _DONE = object()
 class _Failure:
     def __init__(self, exc):
         self.exc = exc
-
-
-def _check_options(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
-                   drop_last, timeout, prefetch_factor, persistent_workers, prefetch):
-    if num_workers < 0:
-        raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
-                         f"disable multiprocessing (got {num_workers})")
-    if timeout < 0:
-        raise ValueError(f"timeout option should be non-negative, got {timeout}")
-    if num_workers == 0 and prefetch_factor is not None:
-        raise ValueError("prefetch_factor option could only be specified in "
-                         "multiprocessing: let num_workers > 0 to enable multiprocessing, "
-                         f"otherwise set prefetch_factor to None (got {prefetch_factor})")
-    if prefetch_factor is not None and prefetch_factor < 0:
-        raise ValueError(f"prefetch_factor option should be non-negative, got "
-                         f"{prefetch_factor}")
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers option needs num_workers > 0")
-    if prefetch < 0:
-        raise ValueError(f"prefetch must be non-negative, got {prefetch}")
-    if isinstance(dataset, IterableDataset):
-        for name, value in (("shuffle", shuffle), ("sampler", sampler),
-                            ("batch_sampler", batch_sampler)):
-            if value is not None and value is not False:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified "
-                                 f"{name} option, but got {name}={value!r}")
-    if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
-    if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None
-                                      or drop_last):
-        raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
-                         "shuffle, sampler, and drop_last")
-    if batch_size is None and drop_last:
-        raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                         "exclusive with drop_last")
 
 
 def _upload(batch):
@@ -122,8 +90,8 @@ class DataLoader:
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
                  in_order=True, prefetch=2, device=None, transform=None):
-        _check_options(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
-                       drop_last, timeout, prefetch_factor, persistent_workers, prefetch)
+        check_options(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                      drop_last, timeout, prefetch_factor, persistent_workers, prefetch)
         self.dataset, self.num_workers, self.timeout = dataset, int(num_workers), timeout
         self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
         self.in_order, self.worker_init_fn = in_order, worker_init_fn
@@ -158,7 +126,7 @@ class DataLoader:
         # the current or last pass: [sampler state at its start, batches, delivered]
         self._pass = None
         self._skip = 0  # batches the next pass skips (a loaded state without a position)
-        self._pool, self._base_seed = None, None
+        self._pool, self._base_seed, self._resuming = None, None, False
 
     # -- the batches of a pass ------------------------------------------------------------
     def _sampler_order(self):
@@ -214,10 +182,13 @@ class DataLoader:
 
     def __iter__(self):
         device = self._device()
-        # PyTorch draws the workers' base seed when a pass starts (with or
-        # without workers), before the sampler draws its order
-        generator = sn_random.resolve(self.generator, "DataLoader")
-        self._base_seed = int(distributions.random_full(generator, (), np.int64))
+        # PyTorch draws the workers' base seed as a pass starts, before the sampler's draws;
+        # a resumed pass drew it already (peeked without advancing when none is kept)
+        if not self._resuming or self._base_seed is None:
+            g = sn_random.resolve(self.generator, "DataLoader")
+            g = g.clone_state() if self._resuming else g
+            self._base_seed = int(distributions.random_full(g, (), np.int64))
+        self._resuming = False
         if self._iterable:
             batches, total = None, None
         else:
@@ -395,3 +366,6 @@ class DataLoader:
                                  f"sampler {self.sampler!r} cannot load one")
             self.sampler.load_state_dict(state["sampler"])
         self._pass, self._skip = None, int(state.get("batches_done", 0))
+        sampler_state = state.get("sampler")
+        position = sampler_state.get("start_index", 0) if isinstance(sampler_state, dict) else 0
+        self._resuming = self._skip > 0 or position > 0  # mid-pass: its seed was drawn

@@ -1,6 +1,6 @@
 """PyTorch's dataset classes: ``Dataset``, ``IterableDataset``,
-``TensorDataset``, ``Subset``, ``ConcatDataset``, ``ChainDataset`` and
-``random_split``, plus the batched read the DataLoader uses for spmdnet's
+``TensorDataset``, ``StackDataset``, ``Subset``, ``ConcatDataset``,
+``ChainDataset`` and ``random_split``, plus the batched read the DataLoader uses for spmdnet's
 own datasets (``batched.py``).
 
 A map-style dataset answers ``len(ds)`` and ``ds[i]`` (one sample); it may
@@ -92,6 +92,31 @@ class Subset(Dataset):
 
     def __len__(self):
         return len(self.indices)
+
+
+class StackDataset(Dataset):
+    """Samples of several equally long datasets side by side: a tuple (given
+    positionally) or a dict (given by keyword), as PyTorch's."""
+
+    def __init__(self, *args, **kwargs):
+        if args and kwargs:
+            raise ValueError("Supported either ``tuple``- (via ``args``) or ``dict``- (via "
+                             "``kwargs``) like input/output, but both types are given.")
+        parts = args or tuple(kwargs.values())
+        if not parts:
+            raise ValueError("At least one dataset should be passed")
+        lengths = [len(d) for d in parts]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"Size mismatch between datasets: lengths {lengths}")
+        self._length, self.datasets = lengths[0], (args if args else dict(kwargs))
+
+    def __getitem__(self, index):
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __len__(self):
+        return self._length
 
 
 class ConcatDataset(Dataset):

@@ -33,7 +33,7 @@ def write_hdf5(path, x, y, comm=None, chunk_rows=None):
     comm = dist.comm_or_default(comm)
     if comm.Get_rank() == 0:
         _write_atomically(path, lambda f: _fill(f, x, y, chunk_rows))
-    dist.barrier(comm)
+    dist.comm_barrier(comm)
     return str(path)
 
 
@@ -228,7 +228,7 @@ def make_cifar10(batches, out_path, comm=None, layout="image"):
         x = _layout(np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0, layout)
         _write_atomically(out_path, lambda f: _fill(f, x, np.concatenate([p[1] for p in parts]),
                                                     None))
-    dist.barrier(comm)
+    dist.comm_barrier(comm)
     return str(out_path)
 
 
@@ -269,7 +269,7 @@ def make_synthetic(out_path, n, features=784, classes=10, seed=0, comm=None):
 
     if comm.Get_rank() == 0:
         _write_atomically(out_path, fill)
-    dist.barrier(comm)
+    dist.comm_barrier(comm)
     return str(out_path)
 
 
@@ -307,5 +307,5 @@ def make_text(path_or_text=None, out_dir="data", val_fraction=0.1, name="text", 
         tmp = paths[2].with_name(f".{paths[2].name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(tok.state_dict()), encoding="utf-8")
         os.replace(tmp, paths[2])
-    dist.barrier(comm)
+    dist.comm_barrier(comm)
     return tuple(str(p) for p in paths)
