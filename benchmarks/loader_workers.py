@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+import spmdnet as sn
 from spmdnet.utils.data import DataLoader, Dataset
 
 
@@ -40,7 +41,7 @@ class Slow(Dataset):
 
 def rate(ds, workers, batch):
     loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                        generator=np.random.default_rng(1))
+                        generator=sn.Generator().manual_seed(1))
     t0 = time.perf_counter()
     labels = [y.tolist() for _, y in loader]
     return len(ds) / (time.perf_counter() - t0), labels

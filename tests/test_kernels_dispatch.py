@@ -277,6 +277,8 @@ def _every_row(dtype):
     normed = F.batch_norm(wide, sn.zeros(channels, dtype=dtype), sn.ones(channels, dtype=dtype),
                           t(channels), t(channels), training=True)
     total = total + wide.sum() + (normed * normed).sum()
+    seq, _ = nn.LSTM(4, 3, dtype=dtype)(h.reshape(3, 2, 4))
+    total = total + seq.sum()
     total.backward()
     params = [x, w, b, emb]
     for opt in (optim.SGD(params, lr=0.1, momentum=0.9), optim.Adam(params)):

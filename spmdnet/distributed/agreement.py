@@ -4,7 +4,9 @@ MPI does not check that the ranks of an ``Allreduce`` pass buffers of the
 same dtype and length: a float32 tensor reduced with an int32 one gives
 garbage and exit code 0, and a shape mismatch surfaces as MPI's "Message
 truncated" (or a hang), naming no shape. ``agree(comm, what, array, op)``
-before such a call compares (op, dtype, shape) across the ranks of ``comm``
+before such a call (inside its ``guarded`` block, so that the watchdog and
+the exit agreement see a rank waiting here as waiting in the collective)
+compares (op, dtype, shape) across the ranks of ``comm``
 the first time this rank passes that signature from that call site (the
 program's line) on ``comm``, and remembers it: a training loop pays one
 small exchange per call site and distinct signature, then a set lookup per

@@ -106,8 +106,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         return None
     arr = tensor_array(tensor, "all_reduce")
     op, mpi_op = _mpi_op(op, arr.dtype, "all_reduce")
-    agree(pg.comm, "allreduce", arr, op.name.lower())
     with guarded(f"all_reduce({op.name})", pg.comm, arr):
+        agree(pg.comm, "allreduce", arr, op.name.lower())
         on_host(arr, lambda buf: pg.comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))
     _average(arr, op, pg.size())
     return _done(async_op, tensor)
@@ -122,8 +122,8 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     root = _root(pg, dst, group_dst, "dst", "reduce")
     arr = tensor_array(tensor, "reduce")
     op, mpi_op = _mpi_op(op, arr.dtype, "reduce")
-    agree(pg.comm, "reduce", arr, f"{op.name.lower()} to {pg.ranks[root]}")
     with guarded(f"reduce({op.name}, root={root})", pg.comm, arr):
+        agree(pg.comm, "reduce", arr, f"{op.name.lower()} to {pg.ranks[root]}")
         if pg.rank() == root:
             on_host(arr, lambda buf: pg.comm.Reduce(mpi().IN_PLACE, buf, mpi_op, root=root))
         else:
@@ -142,8 +142,8 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
         return None
     source = _root(pg, src, group_src, "src", "broadcast")
     arr = tensor_array(tensor, "broadcast")
-    agree(pg.comm, "broadcast", arr, f"from {pg.ranks[source]}")
     with guarded(f"broadcast(root={source})", pg.comm, arr):
+        agree(pg.comm, "broadcast", arr, f"from {pg.ranks[source]}")
         on_host(arr, lambda buf: pg.comm.Bcast(buf, root=source))
     return _done(async_op, tensor)
 
@@ -154,12 +154,12 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     if pg is None:
         return None
     arr = tensor_array(tensor, "all_gather")
-    agree(pg.comm, "allgather", arr)
     outs = _list(tensor_list, pg.size(), "all_gather", "tensor_list")
     _same(outs, arr.shape, arr.dtype, "all_gather", "tensor_list")
     gathered = backend.xp_of(arr).empty((pg.size(),) + tuple(arr.shape), arr.dtype)
     send = to_host(arr)
     with guarded("all_gather", pg.comm, arr):
+        agree(pg.comm, "allgather", arr)
         on_host(gathered, lambda buf: pg.comm.Allgather(send, buf))
     for out, part in zip(outs, gathered):
         out[...] = part

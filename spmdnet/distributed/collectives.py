@@ -99,8 +99,8 @@ def allreduce(x, op="sum", comm=None):
         raise integer_average("allreduce(op='mean')", arr.dtype)
     if not getattr(arr.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise ValueError("allreduce works in place: the array is read-only")
-    agree(comm, "allreduce", arr, "avg" if op == "mean" else op)
     with guarded(f"allreduce({op})", comm, arr):
+        agree(comm, "allreduce", arr, "avg" if op == "mean" else op)
         on_host(arr, lambda buf: comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))
     if op == "mean":
         arr /= comm.Get_size()
@@ -118,8 +118,8 @@ def bcast(x, root=0, comm=None):
         with guarded("broadcast(object)", comm):
             return comm.bcast(x, root=root)
     arr = tensor_array(x, "broadcast")
-    agree(comm, "broadcast", arr, f"from {root}")
     with guarded(f"broadcast(root={root})", comm, arr):
+        agree(comm, "broadcast", arr, f"from {root}")
         on_host(arr, lambda buf: comm.Bcast(buf, root=root))
     return x
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from .._tensor import get_default_dtype
 from . import _cache, activation, attention, compile_order, conv, conv_direct, embedding
-from . import loss, norm, optim_kernels, pool, softmax, winograd
+from . import loss, norm, optim_kernels, pool, rnn_cell, softmax, winograd
 from ._cache import cache_dir
 from ._numba import compile_seconds
 from .dispatch import TABLE, enabled, lookup, mode, use
@@ -60,7 +60,7 @@ __all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compil
            "cache_dir", "compile_in_order"]
 
 _MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels, conv,
-            conv_direct, pool, winograd)
+            conv_direct, pool, rnn_cell, winograd)
 
 
 def compile_in_order(compile_fn, comm=None):

@@ -127,10 +127,15 @@ class LSTMSequence(_Sequence):
     def forward(self, xw, h0, c0, w_hh, reverse=False):
         xp = xp_of(xw)
         length, (n, size) = xw.shape[0], c0.shape
+        self.c0, self.w_hh, self.h0, self.reverse = c0, w_hh, h0, reverse
+        self.cell_backward = kernels.lookup("lstm", xw, h0, c0, w_hh, step="backward")
+        kernel = kernels.lookup("lstm", xw, h0, c0, w_hh)
+        if kernel is not None:  # kernels/rnn_cell.py: the same numbers in fewer passes
+            self.gates, self.cs, self.tanh_cs, self.hs = kernel(xw, h0, c0, w_hh, reverse)
+            return xp.concatenate([self.hs, self.cs[0 if reverse else length - 1][None]])
         self.gates = xp.empty_like(xw)  # activated gates, per step
         self.cs = xp.empty((length, n, size), xw.dtype)
         self.tanh_cs = xp.empty_like(self.cs)
-        self.c0 = c0
         scale, mult, add = _gate_constants(xw.dtype, xp)
         c_prev = [c0]
 
@@ -150,7 +155,6 @@ class LSTMSequence(_Sequence):
             c_prev[0] = c
 
         hs = self._loop_forward(xw, h0, w_hh, reverse, step, products=self.gates)
-        self.cell_backward = kernels.lookup("lstm", xw, h0, c0, w_hh, step="backward")
         return xp.concatenate([hs, c_prev[0][None]])
 
     def _factors(self, xp):

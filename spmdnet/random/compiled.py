@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..kernels import _cache
-from ..kernels._numba import jit_disabled, njit, numba
+from ..kernels._cpu import CpuKernel
+from ..kernels._numba import jit_disabled, njit_inline, numba
 
 TWO_PI = 2.0 * math.pi
 
@@ -21,11 +21,13 @@ def _exact_fma(a, b, c):
     return float(Fraction(a) * Fraction(b) + Fraction(c))
 
 
+# Entry kernels compile at their first call, through the kernel cache
+# (kernels/_cpu.py); helpers they call are inlined into them.
+_compiled = CpuKernel
+_inline = njit_inline
+
 if jit_disabled():
     fma = _exact_fma
-
-    def _compiled(fn):
-        return fn
 else:
     @numba.extending.intrinsic
     def _fma_intrinsic(typingctx, a, b, c):
@@ -44,9 +46,6 @@ else:
     @numba.extending.overload(fma)
     def _fma_overload(a, b, c):
         return lambda a, b, c: _fma_intrinsic(a, b, c)
-
-    def _compiled(fn):
-        return njit(fn, cache=_cache.use())
 
 
 @_compiled

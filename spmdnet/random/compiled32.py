@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels._numba import jit_disabled
 from . import float32_math as f32
-from .compiled import _compiled, fma
+from .compiled import _compiled, _inline, fma
 
 F = np.float32
 _ONE, _HALF, _MINUS_TWO, _MANTISSA_SCALE = F(1), F(0.5), F(-2), F(2.0 ** -24)
@@ -27,7 +27,7 @@ def _uniform_float32(bits, low, span):
     return out
 
 
-@_compiled
+@_inline
 def _logf(x, scratch, scratch_bits):
     scratch[0] = x
     bits = scratch_bits[0]
@@ -47,7 +47,7 @@ def _logf(x, scratch, scratch_bits):
     return fma(exponent, _Q2, m + y)
 
 
-@_compiled
+@_inline
 def _sincosf(x):
     """(sin, cos) of 0 <= x (the angles 2 pi u)."""
     j = np.int32(x * _FOPI)

@@ -1,12 +1,14 @@
 """Box-Muller in float32 as PyTorch's vectorised CPU kernel computes it: the
 Cephes single-precision ``logf`` and ``sincosf`` (range reduction by pi/4,
 minimax polynomials), as published in Julien Pommier's SSE/AVX math
-functions, evaluated lane by lane in NumPy float32. A multiply followed by
-an add is one fused multiply-add in the compiled kernel (which of two
-multiplies feeding an add is fused was found by experiment: with these
-choices 100000 normals equal PyTorch's bitwise); ``_fma`` computes it in
-float64 (the product is exact there), then rounds to float32 (a double
-rounding, off in about one case in 2**29)."""
+functions, evaluated lane by lane in NumPy float32: the constants, and the
+steps ``compiled32`` compiles (this NumPy form runs when Numba is off). A
+multiply followed by an add is one fused multiply-add in PyTorch's compiled
+kernel (which of two multiplies feeding an add is fused was found by
+experiment: with these choices 100000 normals equal PyTorch's bitwise);
+``_fma`` here computes it in float64 (the product is exact there), then
+rounds to float32 (a double rounding, off in about one case in 2**29;
+``compiled32`` uses a true float32 fma)."""
 import numpy as np
 
 F = np.float32
