@@ -1,20 +1,26 @@
-"""Training-step speed of an LSTM language model against a matmul floor.
+"""Training-step speed of an LSTM language model, and of nn.LSTM alone, against
+a matmul floor.
 
     python benchmarks/lstm_step.py [--steps 20] [--threads 1]
 
 PyTorch's word-language-model example at its small setting: Embedding(V, 200)
 -> LSTM(200, 200, num_layers=2) -> Linear(200, V), V = 10000, bptt 35,
-batch 20, float32, cross-entropy, SGD (the example's own update). In a fresh
-process per BLAS thread count it times, interleaved:
+batch 20, float32, cross-entropy, SGD (the example's own update); then the
+LSTM alone (forward, sum of the output, backward to the input and weights).
+In a fresh process per BLAS thread count it times, interleaved:
   floor  the matrix products of the same forward and backward: per layer the
          input projection over all steps (forward, weight and input
          gradients), the T recurrent (N, H) x (H, 4H) products forward and T
-         backward, the recurrent weight gradient as one product; the decoder's
-         three products
-  ours   the spmdnet step: model(x, hidden), F.cross_entropy, backward, opt.step()
-  xp     ours with SPMDNET_KERNELS=xp (no Numba kernels)
+         backward, the recurrent weight gradient as one product; the LM's
+         decoder's three products
+  ours   the spmdnet step: model(x, hidden), F.cross_entropy, backward,
+         opt.step() (the LSTM alone: forward and backward)
+  xp     ours with SPMDNET_KERNELS=xp (no Numba kernels: the LSTM's steps in
+         NumPy calls, ops/rnn.py, instead of kernels/rnn_cell.py)
 and prints median times and the ratios to the floor.
 """
+import os
+
 import numpy as np
 
 import spmdnet as sn
@@ -26,6 +32,7 @@ from lm_timing import (  # benchmarks/ is on the path of a script run
     FLOOR_OURS_XP_COLUMNS,
     time_floor_ours_xp,
 )
+from mlp_step import median_times
 
 V, E, H, LAYERS, T, N = 10000, 200, 200, 2, 35, 20
 
@@ -44,19 +51,26 @@ class LanguageModel(nn.Module):
         return self.decoder(output).view(-1, V), hidden
 
 
-def floor_step(arrays):
-    """Only the matrix products of forward and backward."""
-    x, w_ih, w_hh, dec, h = arrays
+def lstm_floor(x, w_ih, w_t, w_hh, h):
+    """The LSTM's products alone: x[layer] (T, N, I) inputs, w_t the
+    contiguous W_hhᵀ copies the op multiplies by."""
     rows = T * N
     for layer in range(LAYERS):
         xw = x[layer].reshape(rows, -1) @ w_ih[layer].T
         for _ in range(T):
-            _ = h @ w_hh[layer].T
+            _ = h @ w_t[layer]
         _ = xw.T @ x[layer].reshape(rows, -1)  # weight gradient
         _ = xw @ w_ih[layer]  # input gradient
         for _ in range(T):
             _ = xw[:N] @ w_hh[layer]
         _ = xw.T @ x[layer + 1].reshape(rows, H)  # recurrent weight gradient
+
+
+def floor_step(arrays):
+    """Only the matrix products of forward and backward."""
+    x, w_ih, w_hh, dec, h = arrays
+    lstm_floor(x, w_ih, [np.ascontiguousarray(w.T) for w in w_hh], w_hh, h)
+    rows = T * N
     logits = x[-1].reshape(rows, H) @ dec.T
     _ = logits.T @ x[-1].reshape(rows, H)
     _ = logits @ dec
@@ -94,8 +108,38 @@ def floor_fn(rng):
     return lambda: floor_step(arrays)
 
 
+def time_lstm_alone(steps):
+    """nn.LSTM(E, H, LAYERS) forward + backward against lstm_floor, one row."""
+    rng = np.random.default_rng(1)
+    x, w_ih, w_hh, _, h = floor_arrays(rng)
+    w_t = [np.ascontiguousarray(w.T) for w in w_hh]
+    sn.manual_seed(0)
+    lstm = nn.LSTM(E, H, LAYERS)
+    inputs = sn.tensor(x[0], requires_grad=True)
+
+    def ours(kernels="numba"):
+        def step():
+            with sn.kernels.use(kernels):
+                out, _ = lstm(inputs)
+                out.sum().backward()
+            inputs.grad = None
+            for p in lstm.parameters():
+                p.grad = None
+        return step
+
+    fns = {"floor": lambda: lstm_floor(x, w_ih, w_t, w_hh, h), "ours": ours(), "xp": ours("xp")}
+    for fn in fns.values():
+        fn()
+    t = median_times(fns, steps)
+    print(f"nn.LSTM({E}, {H}, {LAYERS}) alone, forward + backward\n{FLOOR_OURS_XP_COLUMNS}")
+    print(f"{os.environ['OMP_NUM_THREADS']:>7} {t['floor'] * 1e3:9.2f} {t['ours'] * 1e3:9.2f} "
+          f"{t['xp'] * 1e3:9.2f} {t['ours'] / t['floor']:10.3f} {t['xp'] / t['floor']:8.3f}",
+          flush=True)
+
+
 def child(steps):
     time_floor_ours_xp(steps, V, (T, N), floor_fn, build_ours)
+    time_lstm_alone(steps)
 
 
 def header(steps):

@@ -30,7 +30,8 @@ def _ulps(got, want):
 def test_nanogpt_dtype_table_and_casts():
     dtype = {"float32": sn.float32, "bfloat16": sn.bfloat16, "float16": sn.float16}["bfloat16"]
     t = sn.tensor([1.5, -2.0], dtype=dtype)
-    assert t.dtype == sn.bfloat16 and t.bfloat16() is t
+    assert t.dtype == sn.bfloat16 and t.bfloat16() is t and t.is_floating_point()
+    assert sn.ones(1).is_floating_point() and not sn.ones(1, dtype=sn.long).is_floating_point()
     assert t.float().dtype == sn.float32 and t.to(sn.bfloat16) is t
     assert sn.ones(3).to(sn.bfloat16).dtype == sn.bfloat16
     assert sn.zeros(2, dtype=sn.bfloat16).type() == "torch.BFloat16Tensor"

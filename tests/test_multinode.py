@@ -13,7 +13,8 @@ surviving host, the last checkpoint is intact and the job resumes from it on two
 hosts. (Resuming on the surviving host alone, at half the world size, needs
 checkpoint resharding: not here.) And a two-node Slurm (slurmctld, one slurmd per
 host; tests/helpers/netns_slurm.py) runs jobs/train_mlp_multinode.sbatch with its
-ranks on both hosts (also marked `slurm`).
+ranks on both hosts, and ends an srun step whose host b died entirely (also marked
+`slurm`).
 
 Skipped, with the reason, where namespaces cannot be made (not root, no `ip`).
 """
@@ -146,14 +147,14 @@ def test_collectives_over_tcp_give_one_hosts_numbers(hosts, tmp_path, per_host):
 
 
 def test_ddp_example_over_tcp_gives_one_hosts_numbers(hosts, tmp_path):
-    args = [str(ROOT / "examples" / "train_ddp.py"), "--epochs", "2", "--data-dir",
-            str(tmp_path / "data"), "--min-accuracy", "0.5"]  # 2 epochs: about 0.85
+    args = [str(ROOT / "examples" / "train_ddp.py"), "--epochs", "1", "--data-dir",
+            str(tmp_path / "data"), "--min-accuracy", "0.5"]  # 1 epoch: about 0.8
     code, two, err, _ = on_two_hosts(hosts, 2, [sys.executable, *args])
     assert code == 0, two + err
     code, one, err, _ = run_mpi(4, *args)
     assert code == 0, one + err
     lines = [line for line in two.splitlines() if line.startswith("epoch")]
-    assert len(lines) == 2 and "accuracy check passed" in two
+    assert len(lines) == 1 and "accuracy check passed" in two
     assert lines == [line for line in one.splitlines() if line.startswith("epoch")]
 
 
@@ -189,42 +190,49 @@ CAP = "1gbit"  # tc's spelling; a 1 Gb/s Ethernet: 125 MB/s each way
 CAP_BYTES_PER_S = 125e6
 SIZES = ["--max-bytes", "1M", "--reps", "5"]
 # an MLP of 270 k parameters: 1.1 MB of gradients to average each step
-STEP = ["step", "--hidden", "256", "256", "--global-batch", "64", "--steps", "12", "--warmup",
+STEP = ["step", "--hidden", "256", "256", "--global-batch", "64", "--steps", "10", "--warmup",
         "2"]
 
 
-def measure_link(hosts, tmp_path, label):
-    """The allreduce fit and DDP's exposed allreduce with and without overlap,
-    across the link; prints them."""
+def measure_link(hosts, tmp_path, label, ddp=True):
+    """The allreduce fit across the link and, with ``ddp``, DDP's exposed
+    allreduce with and without overlap; prints them."""
     alpha, beta, times = alpha_beta(bench(hosts, tmp_path, f"{label}-ar", "allreduce",
                                           *SIZES)[0])
-    exposed = {mode: exposed_comm_s(bench(hosts, tmp_path, f"{label}-{mode}", *STEP,
-                                          "--overlap", mode)[0]) for mode in ("none", "auto")}
-    n, hidden = max(times), 1 - exposed["auto"] / exposed["none"]
+    n = max(times)
     print(f"\nallreduce, two hosts ({label}): alpha {alpha * 1e6:.1f} us, beta "
-          f"{beta * 1e9:.3f} ns/B, {n / times[n] / 1e6:.0f} MB/s at {n >> 10} KB; DDP step: "
-          f"exposed allreduce {exposed['none'] * 1e3:.2f} ms without overlap, "
-          f"{exposed['auto'] * 1e3:.2f} ms with: {100 * hidden:.0f}% hidden")
-    assert alpha > 0 and beta > 0 and exposed["none"] > 0, (alpha, beta, exposed)
+          f"{beta * 1e9:.3f} ns/B, {n / times[n] / 1e6:.0f} MB/s at {n >> 10} KB")
+    assert alpha > 0 and beta > 0, (alpha, beta)
+    if ddp:
+        exposed = {mode: exposed_comm_s(bench(hosts, tmp_path, f"{label}-{mode}", *STEP,
+                                              "--overlap", mode)[0])
+                   for mode in ("none", "auto")}
+        hidden = 1 - exposed["auto"] / exposed["none"]
+        print(f"DDP step ({label}): exposed allreduce {exposed['none'] * 1e3:.2f} ms without "
+              f"overlap, {exposed['auto'] * 1e3:.2f} ms with: {100 * hidden:.0f}% hidden")
+        assert exposed["none"] > 0, exposed
     return times
 
 
 def test_link_alpha_beta_and_ddp_overlap(hosts, tmp_path):
     """Prints the fits and the hidden share (pytest -s: noisy on a loaded machine);
-    asserts what the link enforces: under a 1 Gb/s cap, no faster than 1 Gb/s."""
+    asserts what the link enforces: under a 1 Gb/s cap, no faster than 1 Gb/s. The DDP
+    step runs on the capped link, where its allreduce is worth hiding (on the bare veth
+    it is a few ms, lost in the noise), or on the bare link where no cap can be set."""
     alpha, beta, _ = alpha_beta(bench(hosts, tmp_path, "shm", "allreduce", *SIZES,
                                       two=False)[0])
     print(f"\nallreduce, one host (shared memory): alpha {alpha * 1e6:.1f} us, beta "
           f"{beta * 1e9:.3f} ns/B")
-    measure_link(hosts, tmp_path, "veth")
     why = hosts.cap_bandwidth(CAP)
     if why is not None:
         print(f"no bandwidth cap: {why}")
+        measure_link(hosts, tmp_path, "veth")
         return
     try:
         times = measure_link(hosts, tmp_path, f"tbf {CAP}")
     finally:
         hosts.uncap()
+    measure_link(hosts, tmp_path, "veth", ddp=False)
     # a 2-rank allreduce sends n bytes each way (halves exchanged twice)
     n = max(times)
     assert n / times[n] < 1.1 * CAP_BYTES_PER_S, (n, times[n])

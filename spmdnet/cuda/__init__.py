@@ -76,9 +76,9 @@ def get_device_capability(dev=None):
 
 
 def is_bf16_supported(including_emulation=True):
-    """False: spmdnet computes nothing in bfloat16 (NumPy and CuPy have no
-    bfloat16), whatever the GPU supports; programs that ask then pick float16
-    or float32, and spmdnet's autocast refuses lower precision explicitly."""
+    """False: CuPy has no bfloat16, so spmdnet computes none on a GPU, whatever
+    the GPU supports (CPU tensors have ``spmdnet.bfloat16``, and CPU autocast
+    to it runs); programs that ask then pick float16 or float32 on the GPU."""
     return False
 
 

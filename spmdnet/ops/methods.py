@@ -15,6 +15,7 @@ from .._args import canonical_dim, shape_arg
 from ..autograd import Function
 from ..backend import is_cupy_array
 from ..dtypes import bfloat16 as _bfloat16
+from ..dtypes import is_floating
 from .convert import cast, to
 from .nn_ops import LogSoftmax, Softmax
 
@@ -121,6 +122,11 @@ def bfloat16(self, memory_format=None):
     return cast(self, _bfloat16)
 
 
+def is_floating_point(self):
+    """Whether the dtype is a floating one (float16/32/64, bfloat16)."""
+    return is_floating(self.dtype)
+
+
 def _on(kind):
     """``Tensor.is_<kind>``: whether the tensor's device is of this type."""
     return property(lambda self: self.device.type == kind)
@@ -139,4 +145,5 @@ METHODS = {
     "log_softmax": log_softmax, "new_zeros": new_zeros, "new_ones": new_ones,
     "new_empty": new_empty, "new_full": new_full, "new_tensor": new_tensor,
     "is_contiguous": is_contiguous, "type": type, "bfloat16": bfloat16,
+    "is_floating_point": is_floating_point,
 }
