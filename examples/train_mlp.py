@@ -17,7 +17,8 @@ metrics as JSON lines (one per epoch, kept across stop and resume), and exits
 and resumes from the newest checkpoint there, exactly: model, optimizer,
 scheduler, every rank's RNG and the loader's position. On SIGTERM or SIGUSR1
 it checkpoints at the next step and exits with code 3 ("stopped, resumable"),
-the code Slurm requeueing relies on. --profile prints every rank's step time
+the code Slurm requeueing relies on. It may resume on another number of ranks
+with the same global batch (--batch-size scaled inversely). --profile prints every rank's step time
 breakdown at the end. Data x tensor x pipeline parallel: examples/train_3d.py.
 """
 import argparse
@@ -93,8 +94,24 @@ def datasets(args):
 
 
 def options(args):
-    """What a resumed run must share with the run it continues."""
-    return {k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "dropout", "seed")}
+    """What a resumed run must share with the run it continues. The global
+    batch, not --batch-size: a run resumed on another number of ranks keeps
+    the global batch (--batch-size times the ranks) and trains on what the
+    uninterrupted run would have."""
+    return {**{k: getattr(args, k) for k in ("epochs", "lr", "dropout", "seed")},
+            "global_batch": args.batch_size * dist.size()}
+
+
+def resumed_losses(saved):
+    """This rank's share of the checkpoint's losses of the epoch so far
+    (``saved``: one list per saved rank). On as many ranks, its own: the
+    epoch's train_loss is then the uninterrupted run's. On another number,
+    every rank takes each saved step's mean over the saved ranks, the step's
+    loss as train_loss averages it, so the epoch's mean still counts every
+    step once at its global value."""
+    if len(saved) == dist.size():
+        return saved[dist.rank()]
+    return np.mean(np.array(saved, np.float64), axis=0).tolist()
 
 
 def save(args, step, model, opt, sched, loader, losses):
@@ -166,7 +183,7 @@ def main(argv=None):
                    options=options(args))
     step, losses = 0, []  # losses: of the epoch so far
     if extra is not None:
-        step, losses = extra["step"], extra["epoch_losses"][dist.rank()]
+        step, losses = extra["step"], resumed_losses(extra["epoch_losses"])
         dist.print0(f"resumed from {args.checkpoint_dir} at step {step}, epoch "
                     f"{sampler.epoch}, {sampler.start_index} samples into it")
     logged = logged_epochs(args, resumed=step > 0)

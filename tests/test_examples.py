@@ -290,3 +290,39 @@ def test_metrics_keep_one_line_per_epoch_across_stops_and_resumes(tmp_path):
     for a, b in zip(full, part):
         del a["samples_per_s"], b["samples_per_s"]
         assert a == b
+
+
+def test_train_mlp_resumes_on_other_numbers_of_ranks_with_the_global_batch(tmp_path):
+    """Checkpointed at 2 ranks x 16, resumed at 1 rank x 32, then at 4 ranks
+    x 8: every step trains on the uninterrupted 2-rank run's samples, so the
+    epoch records equal that run's up to the reduction order, and the job
+    reaches its self-check. Another per-rank batch without the ranks to keep
+    the global batch is refused, naming it."""
+    common = ["--epochs", "2", "--min-accuracy", "0.85", "--data-dir", tmp_path]
+
+    def run(n, batch, metrics, *extra):
+        code, out, err, _ = run_mpi(n, ROOT / "examples/train_mlp.py", *common, "--batch-size",
+                                    batch, "--metrics", metrics, *extra, timeout=300)
+        return code, out, err
+
+    code, out, err = run(2, 16, tmp_path / "full.jsonl")
+    assert code == 0 and "44 steps/epoch" in out, err
+    part = ["--checkpoint-dir", tmp_path / "ck"]
+    code, out, err = run(2, 16, tmp_path / "part.jsonl", *part, "--stop-after", "20")
+    assert code == 3 and "stopped after step 20" in out, err
+    code, out, err = run(2, 8, tmp_path / "part.jsonl", *part)
+    assert code != 0 and "'global_batch': (32, 16)" in err, err
+    code, out, err = run(1, 32, tmp_path / "part.jsonl", *part, "--stop-after", "60")
+    assert code == 3 and "resumed from" in out and "at step 20, epoch 0" in out, err
+    assert "stopped after step 60" in out
+    code, out, err = run(4, 8, tmp_path / "part.jsonl", *part)
+    assert code == 0 and "at step 60, epoch 1" in out and "accuracy check passed" in out, err
+
+    def records(name):
+        return [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+
+    full, part = records("full.jsonl"), records("part.jsonl")
+    assert [r["epoch"] for r in part] == [0, 1]
+    for a, b in zip(full, part):
+        for key in ("train_loss", "val_loss", "val_accuracy", "lr"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, a, b)

@@ -124,6 +124,10 @@ PLACES = {
     # PyTorch's paths of the strategies' implementations and adapters
     **dict.fromkeys(["spmdnet.nn.parallel.distributed", "spmdnet.distributed.fsdp",
                      "spmdnet.distributed.optim"], "strategies"),
+    # FSDP2's DTensor and mesh sit on the runtime; its state_dict helpers see every wrapper
+    **dict.fromkeys(["spmdnet.distributed.tensor", "spmdnet.distributed.device_mesh"],
+                    "distributed"),
+    "spmdnet.distributed.checkpoint": "strategies",
     **dict.fromkeys(["spmdnet.utils", "spmdnet.utils.data", "spmdnet.data"], "data"),
     **dict.fromkeys(["spmdnet.checkpoint", "spmdnet.profiler"], "state"),
     **{"spmdnet._device": "leaves", "spmdnet._compile": "leaves", "spmdnet.backends": "leaves",

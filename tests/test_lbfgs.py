@@ -102,3 +102,79 @@ def test_arguments_checked_as_pytorch():
     with pytest.raises(RuntimeError, match="closure"):
         sn.optim.LBFGS([p]).step(None)
     assert sn.optim.LBFGS([p]).param_groups[0]["max_eval"] == 25  # max_iter * 5 // 4
+
+
+def _flat_params(params):
+    return np.concatenate([p.detach().numpy().ravel() for p in params])
+
+
+@pytest.mark.parametrize("name", ["rosen_wolfe_h3", "quad_plain"])
+def test_state_dict_resumes_exactly(ref, name, tmp_path):
+    """k steps, a checkpoint through a file, a fresh LBFGS over fresh
+    parameters loading it, m more steps: the iterates, losses and counts of
+    k + m steps run uninterrupted, bit for bit (the short histories make
+    the resumed run drop old curvature pairs too)."""
+    kind, kwargs, steps = CASES[name]
+    k, m = 2, steps - 2
+    params, fn = _problem(kind, ref)
+    whole = _run(sn.optim.LBFGS(params, **kwargs), params, fn, k + m)
+
+    params, fn = _problem(kind, ref)
+    opt = sn.optim.LBFGS(params, **kwargs)
+    _run(opt, params, fn, k)
+    sn.save({"opt": opt.state_dict(), "params": [p.detach() for p in params]},
+            tmp_path / "ckpt.pt")
+    saved = sn.load(tmp_path / "ckpt.pt")
+    st = saved["opt"]["state"][0]
+    size = sum(p.numel() for p in params)
+    assert set(st) == {"func_evals", "n_iter", "d", "t", "old_dirs", "old_stps", "ro",
+                       "H_diag", "prev_flat_grad", "prev_loss"}
+    assert [tuple(v.shape) for v in st["old_dirs"]] == [(size,)] * len(st["ro"])
+
+    params, fn = _problem(kind, ref)
+    for p, w in zip(params, saved["params"]):
+        p.data.copy_(w)
+    fresh = sn.optim.LBFGS(params, **kwargs)
+    fresh.load_state_dict(saved["opt"])
+    rest = _run(fresh, params, fn, m)
+    np.testing.assert_array_equal(np.array(rest["traj"]), np.array(whole["traj"][k:]))
+    assert rest["losses"] == whole["losses"][k:]
+    assert rest["func_evals"] == whole["func_evals"][k:]
+    assert rest["n_iter"] == whole["n_iter"][k:]
+
+
+def test_load_state_dict_takes_pytorchs_layout_and_checks_shapes(ref):
+    """PyTorch saves ``ro`` and ``H_diag`` as 0-d tensors and also ``al``
+    (a per-step buffer): they load as numbers, ``al`` is dropped; a flat
+    vector of the wrong length is refused before anything changes."""
+    params, fn = _problem("quadratic", ref)
+    opt = sn.optim.LBFGS(params, max_iter=3)
+    _run(opt, params, fn, 2)
+    sd = opt.state_dict()
+    st = sd["state"][0]
+    torch_like = {**st, "ro": [np.array(r) for r in st["ro"]], "H_diag": np.array(st["H_diag"]),
+                  "al": [np.array(0.5)] * len(st["ro"])}
+    fresh = sn.optim.LBFGS(params, max_iter=3)
+    fresh.load_state_dict({**sd, "state": {0: torch_like}})
+    got = fresh.state[params[0]]
+    assert "al" not in got and got["ro"] == st["ro"] and got["H_diag"] == st["H_diag"]
+    assert all(isinstance(r, float) for r in got["ro"])
+
+    bad = {**st, "old_dirs": [st["old_dirs"][0][:-1]]}
+    fresh = sn.optim.LBFGS(params, max_iter=3)
+    with pytest.raises(ValueError, match=r"'old_dirs' of parameter 0 has shape \(4,\)"):
+        fresh.load_state_dict({**sd, "state": {0: bad}})
+    assert fresh.state == {}
+    with pytest.raises(ValueError, match="not a key of LBFGS's state"):
+        fresh.load_state_dict({**sd, "state": {0: {**st, "momentum_buffer": st["d"]}}})
+
+
+def test_other_optimizers_still_check_state_against_the_parameter():
+    p = sn.tensor(np.ones((2, 3)), requires_grad=True)
+    opt = sn.optim.SGD([p], lr=0.1, momentum=0.9)
+    p.grad = sn.tensor(np.ones((2, 3)))
+    opt.step()
+    sd = opt.state_dict()
+    sd["state"][0]["momentum_buffer"] = np.ones(6)
+    with pytest.raises(ValueError, match=r"momentum_buffer' of parameter 0 has shape \(6,\)"):
+        sn.optim.SGD([p], lr=0.1, momentum=0.9).load_state_dict(sd)

@@ -69,8 +69,7 @@ SCRIPT = textwrap.dedent('''
         p.join(60)
         print("BUMP", p.exitcode, flags, shared.tolist(), private.tolist())
         model = nn.Linear(4, 1)
-        for param in model.parameters():
-            param.share_memory_()
+        model.share_memory()
         start = loss(model)
         procs = [ctx.Process(target=train, args=(model, 25)) for _ in range(2)]
         for p in procs:

@@ -116,6 +116,7 @@ def test_sigkilled_spawn_parent_leaves_no_process(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "orphan"],
                             env=launch.job_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    family = []
     try:
         deadline = time.monotonic() + 90
         while not all((tmp_path / f"pid{r}").exists() for r in range(2)):
@@ -130,9 +131,11 @@ def test_sigkilled_spawn_parent_leaves_no_process(tmp_path):
         while any(_alive(p) for p in family) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p for p in family if _alive(p)]
-    finally:
-        for p in _children(proc.pid) if proc.poll() is None else []:
-            os.kill(p, signal.SIGKILL)
+    finally:  # never leave the job behind, whatever failed
+        proc.kill()
+        for p in family:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
 
 
 def _job(tmp_path, source, n=2, timeout=90, env=None, args=()):

@@ -9,7 +9,8 @@ sample of generated text, and exits 1 unless the validation loss is at most
 --max-ratio times the unigram entropy of the training text.
 
 --checkpoint-dir DIR checkpoints every --checkpoint-every steps and at the
-end, and resumes from the newest checkpoint there, exactly. On SIGTERM or
+end, and resumes from the newest checkpoint there, exactly; also with another
+data-parallel size (the same tp and pp) when the global batch is kept. On SIGTERM or
 SIGUSR1 it checkpoints after the current step and exits with code 3
 ("stopped, resumable").
 """
@@ -27,8 +28,10 @@ from spmdnet.autograd import no_grad
 from spmdnet.checkpoint import check_checkpoint_dir, resume, save_checkpoint
 
 GLOBAL_BATCH = 32  # windows per step, by default
+# what a resumed run may change; --batch-size too when the data-parallel size
+# changes with it: the global batch is the option then (setup's global_batch)
 NOT_OPTIONS = ("checkpoint_dir", "checkpoint_every", "stop_after", "data_dir", "sample_tokens",
-               "max_ratio")  # what a resumed run may change
+               "max_ratio", "batch_size")
 
 
 def parser(description):
@@ -79,6 +82,7 @@ def setup(p, argv, **sizes):
             raise SystemExit(str(exc)) from None
     dp_size = mesh.dp_size if mesh is not None else dist.size()
     args.batch_size = args.batch_size or max(1, GLOBAL_BATCH // dp_size)
+    args.global_batch = args.batch_size * dp_size
     return (args, mesh, *text_data(args))
 
 
@@ -199,6 +203,17 @@ def loss_check(val, entropy, max_ratio):
                           f"({val / entropy:.3f} x the unigram entropy)")
 
 
+def resumed_losses(saved):
+    """This rank's share of the checkpoint's losses since the last report
+    (``saved``: one list per saved rank). On as many ranks, its own: the
+    report is then the uninterrupted run's. On another number (another
+    data-parallel size), every rank takes each saved step's mean over the
+    saved ranks, the step's loss as ``report`` averages it."""
+    if len(saved) == dist.size():
+        return saved[dist.rank()]
+    return np.mean(np.array(saved, np.float64), axis=0).tolist()
+
+
 def train(args, model, opt, sched, loader, train_step, loss_sum, val_set, tokens_per_step,
           comm=None, **where):
     """The training loop every trainer shares: resume from --checkpoint-dir,
@@ -219,7 +234,7 @@ def train(args, model, opt, sched, loader, train_step, loss_sum, val_set, tokens
                    options=options(args), **where)
     step, losses = 0, []
     if extra is not None:
-        step, losses = extra["step"], extra["losses"][dist.rank()]
+        step, losses = extra["step"], resumed_losses(extra["losses"])
         dist.print0(f"resumed from {args.checkpoint_dir} at step {step}")
     sampler = loader.sampler
     stop = dist.StopSignal() if args.checkpoint_dir else None  # SIGTERM, SIGUSR1

@@ -90,7 +90,10 @@ def leave():
     comm, timeout = _state["comm"], _state["timeout"]
     if comm.Get_size() > 1 and timeout:
         _wait_for_everyone(MPI, comm, timeout)
-        if sends.report_unmatched(comm.Get_rank()):
+        lost = sends.unmatched()
+        comm.Barrier()  # every rank has judged its sends before any finalizes (which may
+        # acknowledge a synchronous send that nobody received)
+        if sends.report_unmatched(comm.Get_rank(), lost):
             watchdog.stop()
             sys.stdout.flush()
             os._exit(1)  # the exit code says so; the others have reached their exit

@@ -41,10 +41,9 @@ def unmatched(settle_s=SETTLE_S):
         time.sleep(0.005)
 
 
-def report_unmatched(rank):
-    """Print the sends nobody received (every rank has reached its exit);
-    returns True when there were any."""
-    left = unmatched()
+def report_unmatched(rank, left):
+    """Print ``left``, the sends nobody received (``unmatched()`` once every
+    rank has reached its exit); returns True when there were any."""
     for what in left:
         sys.stderr.write(f"[rank {rank}] spmdnet: {what} was never received: the "
                          "program ended without a matching recv on that rank (the data "

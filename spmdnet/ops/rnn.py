@@ -23,10 +23,12 @@ The pointwise math is plain xp, arranged so that each step runs few array
 passes: one tanh over all four LSTM gates (sigmoid(a) = tanh(a/2)/2 + 1/2),
 and in backward every gate derivative that does not depend on the incoming
 gradient computed for all steps at once before the loop (``_factors``), so a
-step multiplies them in place (LSTM: 5 passes and the product). A fused Numba
-cell measured slower forward (0.1-0.4x: NumPy's SIMD tanh/exp) and at most
-1.15x on this backward (N=20, H=200; none at N=64, H=512), where the
-recurrent products dominate: no kernel (docs/PERFORMANCE.md).
+step multiplies them in place (LSTM: 5 passes and the product). The
+recurrent product runs on a contiguous copy of W_hhᵀ (BLAS's transposed
+path is slower at these sizes). For NumPy arrays the LSTM takes
+kernels/rnn_cell.py instead (``kernels.lookup("lstm")``): the same numbers
+bit for bit, in 5 calls per forward step and one pass per backward step
+(tests/test_rnn_kernels.py; speed: benchmarks/lstm_step.py).
 """
 from .. import kernels
 from ..autograd.function import Function

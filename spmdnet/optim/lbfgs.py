@@ -19,9 +19,18 @@ tenth of the bracket) away from it once progress stalls: the Moré-Thuente
 style search of Nocedal and Wright's Algorithms 3.5 and 3.6, in PyTorch's
 variant. Scalars (dot products, losses) are Python floats.
 """
+import numpy as np
+
 from ..autograd.grad_mode import enable_grad
-from ..backend import xp_of
+from ..backend import asnumpy, xp_of
 from .optimizer import Optimizer
+
+# The state, all kept under the first parameter as PyTorch keeps it, by kind:
+# vectors over all parameters flattened, lists of such vectors, scalars.
+_FLAT = ("d", "prev_flat_grad")
+_FLAT_LISTS = ("old_dirs", "old_stps")
+_SCALARS = ("t", "H_diag", "prev_loss")
+_COUNTS = ("n_iter", "func_evals")
 
 
 class LBFGS(Optimizer):
@@ -47,6 +56,48 @@ class LBFGS(Optimizer):
         if len(self.param_groups) != 1:
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
         self._params = self.param_groups[0]["params"]
+
+    # -- checkpointing: the state is flat vectors, lists and scalars --------
+
+    def _save_state_value(self, key, value):
+        if key in _FLAT_LISTS:
+            return [np.array(asnumpy(v), copy=True) for v in value]
+        if key == "ro":
+            return [float(v) for v in value]
+        return super()._save_state_value(key, value)
+
+    def _load_state_value(self, idx, p, key, value):
+        where = f"LBFGS state '{key}' of parameter {idx}"
+        if key in _FLAT or key in _FLAT_LISTS:
+            size = sum(q.array.size for q in self._params)
+            dtype = np.result_type(*(q.array.dtype for q in self._params))
+            xp = xp_of(self._params[0].array)
+
+            def flat(v):
+                if tuple(np.shape(v)) != (size,):
+                    raise ValueError(f"{where} has shape {tuple(np.shape(v))}, the "
+                                     f"parameters flattened have shape ({size},)")
+                return xp.array(asnumpy(v), dtype=dtype)  # a copy, on the params' device
+
+            if key in _FLAT:
+                return flat(value)
+            return [flat(v) for v in _as_list(where, value)]
+        if key == "ro":
+            return [_scalar(where, v) for v in _as_list(where, value)]
+        if key in _SCALARS:
+            return _scalar(where, value)
+        if key in _COUNTS:
+            return int(_scalar(where, value))
+        raise ValueError(f"{where}: not a key of LBFGS's state (expected one of "
+                         f"{_FLAT + _FLAT_LISTS + ('ro',) + _SCALARS + _COUNTS})")
+
+    def load_state_dict(self, state_dict):
+        # PyTorch's checkpoints also hold ``al``, its buffer for the two-loop
+        # coefficients, rewritten before it is read in every step: nothing
+        # to restore, so it is dropped.
+        state = {i: {k: v for k, v in st.items() if k != "al"}
+                 for i, st in state_dict["state"].items()}
+        super().load_state_dict({**state_dict, "state": state})
 
     # -- the parameters as one flat vector ----------------------------------
 
@@ -144,6 +195,23 @@ class LBFGS(Optimizer):
         state.update(d=d, t=t, old_dirs=old_dirs, old_stps=old_stps, ro=ro, H_diag=h_diag,
                      prev_flat_grad=prev_grad, prev_loss=prev_loss)
         return first_loss
+
+
+def _as_list(where, value):
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{where} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
+def _scalar(where, value):
+    """A Python number from a number or a 0-d array (PyTorch saves 0-d tensors)."""
+    if hasattr(value, "shape"):
+        if np.ndim(value) != 0:
+            raise ValueError(f"{where} must be a scalar, got shape {tuple(np.shape(value))}")
+        return asnumpy(value).item()
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"{where} must be a number, got {type(value).__name__}")
+    return value
 
 
 def _two_loop(q, dirs, steps, ro, h_diag):

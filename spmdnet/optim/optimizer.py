@@ -179,9 +179,8 @@ class Optimizer:
         index = {id(p): i for i, p in enumerate(self._indexed_params())}
         state = {}
         for p, st in self.state.items():
-            state[index[id(p)]] = {
-                k: (np.array(asnumpy(v), copy=True) if hasattr(v, "shape") else v)
-                for k, v in st.items() if not k.startswith("_")}
+            state[index[id(p)]] = {k: self._save_state_value(k, v)
+                                   for k, v in st.items() if not k.startswith("_")}
         groups, start = [], 0
         for g in self.param_groups:
             n = len(g["params"])
@@ -189,6 +188,27 @@ class Optimizer:
                            "params": list(range(start, start + n))})
             start += n
         return {"state": state, "param_groups": groups}
+
+    def _save_state_value(self, key, value):
+        """One state entry as saved: arrays become host NumPy copies.
+        Optimizers whose state holds containers of arrays override this."""
+        return np.array(asnumpy(value), copy=True) if hasattr(value, "shape") else value
+
+    def _load_state_value(self, idx, p, key, value):
+        """One saved state entry, checked and placed for parameter ``p``
+        (index ``idx``): an array must have ``p``'s shape and becomes a copy
+        in ``p``'s dtype on ``p``'s device; a 0-d array becomes a Python
+        scalar. Optimizers whose state is not shaped like each parameter
+        override this with their own checks."""
+        if hasattr(value, "shape") and np.ndim(value) > 0:
+            if tuple(value.shape) != tuple(p.array.shape):
+                raise ValueError(
+                    f"state '{key}' of parameter {idx} has shape {tuple(value.shape)}, "
+                    f"the parameter has shape {tuple(p.array.shape)}")
+            return xp_of(p.array).array(value, dtype=p.array.dtype)
+        if isinstance(value, np.ndarray):
+            return value.item()
+        return value
 
     def load_state_dict(self, state_dict):
         """Restore a ``state_dict()``; everything is checked before anything
@@ -210,20 +230,7 @@ class Optimizer:
             if not 0 <= idx < len(params):
                 raise ValueError(f"state for unknown parameter index {idx}")
             p = params[idx]
-            xp = xp_of(p.array)
-            entry = {}
-            for k, v in st.items():
-                if hasattr(v, "shape") and np.ndim(v) > 0:
-                    if tuple(v.shape) != tuple(p.array.shape):
-                        raise ValueError(
-                            f"state '{k}' of parameter {idx} has shape "
-                            f"{tuple(v.shape)}, the parameter has shape "
-                            f"{tuple(p.array.shape)}")
-                    v = xp.array(v, dtype=p.array.dtype)  # a copy, on p's device
-                elif isinstance(v, np.ndarray):
-                    v = v.item()
-                entry[k] = v
-            new_state[p] = entry
+            new_state[p] = {k: self._load_state_value(idx, p, k, v) for k, v in st.items()}
         for g, sg in zip(self.param_groups, saved_groups):
             g.update({k: v for k, v in sg.items() if k != "params"})
         self.state = new_state

@@ -10,3 +10,9 @@ __all__ = ["FullyShardedDataParallel", "ShardingStrategy", "BackwardPrefetch",
            "StateDictType", "CPUOffload", "MixedPrecision", "StateDictConfig",
            "FullStateDictConfig", "ShardedStateDictConfig", "OptimStateDictConfig",
            "FullOptimStateDictConfig"]
+# PyTorch's FSDP2 (per-parameter DTensor shards), beside FSDP1 above
+from ._fully_shard import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,  # noqa: E402
+                           OffloadPolicy, fully_shard)
+
+__all__ += ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
+            "CPUOffloadPolicy"]

@@ -1,13 +1,12 @@
 """Where a module's tensors live, beyond ``Module.to``: ``to_empty``
 (uninitialised storage on a device, as after meta-device construction) and
 ``share_memory`` (host storage in shared memory, for Hogwild training in
-forked processes)."""
-import mmap
+other processes)."""
 
 import numpy as np
 
 from ..._args import resolve_device
-from ...backend import device_of, is_cupy_array, to_device
+from ...backend import device_of, to_device
 
 
 def _own_tensors(module, recurse):
@@ -30,23 +29,12 @@ def to_empty(module, device, recurse):
 
 
 def share_memory(module):
-    """Move every host parameter and buffer into shared memory (an anonymous
-    shared mapping, kept by the array), so a process forked afterwards (a
-    ``fork`` start method) updates the same storage in place, as PyTorch's
-    ``share_memory`` does for Hogwild. GPU tensors are left as they are."""
+    """``Tensor.share_memory_()`` on every parameter and buffer (host memory
+    mapped shared, see ``ops/shared_storage.py``): a process forked
+    afterwards, or one given the module by ``spmdnet.multiprocessing``
+    (``spawn``/``forkserver``, queues), updates the same storage in place, as
+    PyTorch's ``share_memory`` does for Hogwild. GPU tensors are left as
+    they are."""
     for t in module._tensors():
-        a = t.array
-        if is_cupy_array(a) or _is_shared(a):
-            continue
-        buf = mmap.mmap(-1, max(a.nbytes, 1), flags=mmap.MAP_SHARED)
-        shared = np.frombuffer(buf, a.dtype, count=a.size).reshape(a.shape)
-        shared[...] = a
-        t.data = shared
+        t.share_memory_()
     return module
-
-
-def _is_shared(a):
-    base = a
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return isinstance(base, mmap.mmap)

@@ -1,0 +1,1 @@
+"""``torch.distributed.checkpoint``: the ``state_dict`` helpers (``state_dict``)."""
