@@ -6,6 +6,7 @@ first tensor or module applies the host allocator policy (host_memory.py).
 """
 from .version import __version__  # noqa: F401 - sn.__version__, as torch.__version__
 from .distributed.launcher_env import set_torchrun_env as _set_torchrun_env
+from .distributed.early_failure import install as _end_job_on_early_failure
 
 from . import autograd, data, distributed, functional, nn, ops, optim, parallel
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
@@ -52,6 +53,7 @@ from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
 
 ops.bind_tensor_methods()  # Tensor's operators and methods (+, @, .sum() ...): ops/__init__.py
 _set_torchrun_env()  # torchrun's RANK, LOCAL_RANK, ... from mpirun/srun, no MPI (24b)
+_end_job_on_early_failure()  # a rank raising before MPI starts ends the job, no MPI till then
 dist = distributed  # the short name: `from spmdnet import dist`
 
 __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad",

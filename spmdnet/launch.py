@@ -25,8 +25,10 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "NUMBA_NUM_THREADS")
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "OMPI_", "MPI_LOCALNRANKS",
                 "MPI_LOCALRANKID")
-# torchrun's variables (set by spmdnet at import under a launcher): a new job sets its own
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+# torchrun's variables (set by spmdnet at import under a launcher), and the pid that owns
+# the early-failure hook (distributed/early_failure.py): a new job sets its own
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                "SPMDNET_EARLY_FAILURE_PID")
 
 
 def mpiexec():

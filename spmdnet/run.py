@@ -30,6 +30,7 @@ from . import launch
 from .multiprocessing import lifeline
 
 GRACE_S = 1.0  # after a rank fails, how long the others may take to report theirs
+SIGNAL_GRACE_S = 30.0  # after a forwarded signal: the ranks stop at their own pace
 
 _UNUSED = ("rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "master-addr",
            "master-port", "local-addr", "role", "log-dir", "redirects", "tee",
@@ -114,13 +115,16 @@ def _end(proc):
         proc.wait()
 
 
-def supervise(proc, folder):
-    """Wait for the job; end it when a rank fails. Returns the exit status."""
+def supervise(proc, folder, signalled=lambda: False):
+    """Wait for the job; end it when a rank fails (``signalled()``: whether a
+    signal was forwarded, which gives the ranks longer to stop). Returns the
+    exit status."""
     failed_at = None
     while proc.poll() is None:
         if failed_at is None and _first_failure(folder):
             failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+        grace = SIGNAL_GRACE_S if signalled() else GRACE_S
+        if failed_at is not None and time.monotonic() - failed_at > grace:
             _end(proc)
             break
         time.sleep(0.05)
@@ -145,13 +149,16 @@ def main(argv=None):
     try:
         proc = subprocess.Popen(command(args, folder), env=env)
 
+        received = []
+
         def forward(signum, frame):
+            received.append(signum)
             if proc.poll() is None:
                 proc.send_signal(signum)
 
         for name in lifeline.FORWARDED:
             signal.signal(getattr(signal, name), forward)
-        return supervise(proc, folder)
+        return supervise(proc, folder, lambda: bool(received))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         launch.clean_topology_files()

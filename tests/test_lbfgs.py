@@ -178,3 +178,24 @@ def test_other_optimizers_still_check_state_against_the_parameter():
     sd["state"][0]["momentum_buffer"] = np.ones(6)
     with pytest.raises(ValueError, match=r"momentum_buffer' of parameter 0 has shape \(6,\)"):
         sn.optim.SGD([p], lr=0.1, momentum=0.9).load_state_dict(sd)
+
+
+STATE_FIXTURE = FIXTURE.parent / "lbfgs_state.pt"
+
+
+@pytest.mark.parametrize("name", ["quad_plain", "quad_wolfe"])
+def test_loads_pytorchs_checkpoint_and_continues_as_pytorch(ref, name):
+    """PyTorch's LBFGS checkpoint after two steps (its 0-d tensors and its
+    ``al`` buffer included), loaded into a fresh LBFGS over the saved
+    parameters: the next two steps are PyTorch's next two."""
+    case = sn.load(STATE_FIXTURE)[name]
+    params, fn = _problem("quadratic", ref)
+    for p, w in zip(params, case["params"]):
+        p.data.copy_(w)
+    opt = sn.optim.LBFGS(params, **case["kwargs"])
+    opt.load_state_dict(case["optimizer"])
+    got = _run(opt, params, fn, 2)
+    np.testing.assert_allclose(np.array(got["traj"]), case["traj"].numpy(), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(got["losses"], case["losses"].numpy(), rtol=1e-10, atol=1e-12)
+    assert (got["func_evals"][-1], got["n_iter"][-1]) == (case["func_evals"], case["n_iter"])

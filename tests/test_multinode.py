@@ -10,8 +10,8 @@ DDP example, give one host's numbers; the link's alpha-beta fit and the share of
 DDP's allreduce hidden behind backward (printed; -s shows them); a host lost
 mid-training (all its processes killed, or its link cut) ends the job on the
 surviving host, the last checkpoint is intact and the job resumes from it on two
-hosts. (Resuming on the surviving host alone, at half the world size, needs
-checkpoint resharding: not here.) And a two-node Slurm (slurmctld, one slurmd per
+hosts, or on the surviving host alone at half the world size and the same global
+batch (the checkpoint resharded). And a two-node Slurm (slurmctld, one slurmd per
 host; tests/helpers/netns_slurm.py) runs jobs/train_mlp_multinode.sbatch with its
 ranks on both hosts, and ends an srun step whose host b died entirely (also marked
 `slurm`).
@@ -22,6 +22,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -242,11 +243,14 @@ def test_link_alpha_beta_and_ddp_overlap(hosts, tmp_path):
 EPOCHS = 4  # a resumed run must keep the options it was started with
 
 
-def train_argv(tmp_path, epochs=EPOCHS):
+BATCH = 16  # per rank, at 2 ranks on each host: a global batch of 64
+
+
+def train_argv(tmp_path, epochs=EPOCHS, batch=BATCH):
     return [sys.executable, str(ROOT / "examples" / "train_mlp.py"), "--epochs", str(epochs),
             "--data-dir", str(tmp_path / "data"), "--metrics", str(tmp_path / "metrics.jsonl"),
             "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4",
-            "--min-accuracy", "0.9"]  # 4 epochs reach 0.93
+            "--batch-size", str(batch), "--min-accuracy", "0.9"]  # 4 epochs reach 0.93
 
 
 def checkpoints(directory):
@@ -295,23 +299,57 @@ def lose_host_mid_training(hosts, tmp_path, lose):
     return job.returncode, err, seconds
 
 
-def resume_on_two_hosts(hosts, tmp_path):
+def resume_lost_job(hosts, tmp_path, alone=False):
+    """Resume the lost job from its last checkpoint on both hosts, or with
+    ``alone`` on host a alone: half the ranks, each with twice the batch."""
     last = checkpoints(tmp_path / "ck")[-1]
     assert newest_verified(tmp_path / "ck") == last  # the last checkpoint is intact
-    code, out, err, _ = on_two_hosts(hosts, 2, train_argv(tmp_path))
+    if alone:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            hosts.mpiexec_argv_on(mpiexec(), hosts.a, 2, train_argv(tmp_path, batch=2 * BATCH)),
+            capture_output=True, text=True, env=job_env(hosts), timeout=120, cwd=ROOT)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+        print(f"\nresumed on host a alone: {time.perf_counter() - t0:.1f} s")
+        assert "2 ranks" in out and "global batch 64" in out, out + err
+    else:
+        code, out, err, _ = on_two_hosts(hosts, 2, train_argv(tmp_path))
+        assert "4 ranks" in out and "global batch 64" in out, out + err
     assert code == 0, out + err
     step = int(re.search(r"ckpt-(\d+)", last).group(1))
     assert f"resumed from {tmp_path / 'ck'} at step {step}," in out, out
     assert "accuracy check passed" in out
 
 
-def test_host_killed_mid_training_ends_the_job_and_it_resumes(hosts, tmp_path):
+@pytest.fixture(scope="module")
+def killed_run(hosts, tmp_path_factory):
+    """A 2x2-rank job whose host b was killed after its second checkpoint:
+    (its directory, rc, stderr, seconds to its end); each test resumes a copy."""
     def kill_host_b():
         hosts.kill_host(hosts.b)
-    code, err, seconds = lose_host_mid_training(hosts, tmp_path, kill_host_b)
+    run_dir = tmp_path_factory.mktemp("killed")
+    return (run_dir, *lose_host_mid_training(hosts, run_dir, kill_host_b))
+
+
+def copy_of(run_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_host_killed_mid_training_ends_the_job_and_it_resumes(hosts, killed_run, tmp_path):
+    run_dir, code, err, seconds = killed_run
     # hydra sees host b's proxy go and ends the job at once (its message names no rank)
     assert code != 0 and seconds < WATCHDOG_ABORT_S, (seconds, err)
-    resume_on_two_hosts(hosts, tmp_path)
+    resume_lost_job(hosts, copy_of(run_dir, tmp_path))
+
+
+def test_host_killed_mid_training_resumes_on_the_surviving_host_alone(hosts, killed_run,
+                                                                      tmp_path):
+    """Host b stays lost: the job continues on host a's two ranks from the
+    checkpoint written by four, at the same global batch, and passes its check."""
+    run_dir, code, _, _ = killed_run
+    assert code != 0
+    resume_lost_job(hosts, copy_of(run_dir, tmp_path), alone=True)
 
 
 def test_link_down_mid_training_watchdog_names_the_lost_host_and_it_resumes(hosts, tmp_path):
@@ -325,7 +363,7 @@ def test_link_down_mid_training_watchdog_names_the_lost_host_and_it_resumes(host
     assert code != 0 and seconds < WATCHDOG_ABORT_S + 10, (seconds, err)
     assert "watchdog (aborting the job)" in err, err
     assert f"ranks not in it: [2, 3] on host {hosts.b.hostname}" in err, err
-    resume_on_two_hosts(hosts, tmp_path)
+    resume_lost_job(hosts, tmp_path)
 
 
 

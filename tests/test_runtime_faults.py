@@ -318,3 +318,21 @@ def test_all_reduce_mismatch_names_both_ranks(tmp_path, kind, timeout):
         assert f"RAISED {r} DistributedError: allreduce: the ranks of the communicator " \
                "disagree" in out, out + err
     assert out.replace(" (this rank)", "").count(want) == 2, out
+
+
+def test_rank_failing_before_init_ends_a_plain_mpiexec_job(tmp_path):
+    # `mpirun -n 2 python script.py`: the failing rank starts MPI only to abort the job
+    code, out, err, seconds = _job(tmp_path, """
+        import os, time
+        import spmdnet.distributed as dist
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)  # rank 0 waits in MPI start-up by now
+            raise ValueError("rank one fails before init")
+        dist.init_process_group("gloo")
+        dist.barrier()
+        print("unreachable", flush=True)
+    """, timeout=120)
+    assert code != 0 and seconds < 60, (code, seconds, err)
+    assert "ValueError: rank one fails before init" in err
+    assert "[rank 1] spmdnet: this rank failed before MPI started; ending the job" in err
+    assert "unreachable" not in out

@@ -12,6 +12,8 @@ from ._numba import njit_inline
 # against 21 at 128.
 WIDE = 32
 
+CHANNEL_BLOCK = 16
+
 
 def _input_transform(x, xt, v, rows, geom):
     """v[4k + l, t·C + c] = (Bᵀ d B)[k, l] for every tile t's 4x4 patch d of
@@ -29,12 +31,14 @@ def _input_transform(x, xt, v, rows, geom):
         # to channels-last (its border stays zero)
         if channels >= WIDE:
             flat = x[n].reshape(channels * h * w)
-            for r in range(h):
-                for s in range(w):
-                    dest = xt[n, top + r, _column(left + s, half, channels):]
-                    src = flat[r * w + s:]
-                    for c in range(channels):
-                        dest[c] = src[c * h * w]
+            for c0 in range(0, channels, CHANNEL_BLOCK):
+                c1 = min(channels, c0 + CHANNEL_BLOCK)
+                for r in range(h):
+                    for s in range(w):
+                        dest = xt[n, top + r, _column(left + s, half, channels):]
+                        src = flat[r * w + s:]
+                        for c in range(c0, c1):
+                            dest[c] = src[c * h * w]
         else:
             for c in range(channels):
                 for r in range(h):
@@ -95,12 +99,14 @@ def _output_transform(m, bias, out, sums, rows):
             # back to NCHW, with the bias
             if channels >= WIDE:
                 flat = out[n].reshape(channels * ho * wo)
-                for i in range(min(2, ho - 2 * a)):
-                    for s in range(wo):
-                        src = rows[i, _column(s, span, channels):]
-                        dest = flat[(2 * a + i) * wo + s:]
-                        for o in range(channels):
-                            dest[o * ho * wo] = src[o] + bias[o]
+                for o0 in range(0, channels, CHANNEL_BLOCK):
+                    o1 = min(channels, o0 + CHANNEL_BLOCK)
+                    for i in range(min(2, ho - 2 * a)):
+                        for s in range(wo):
+                            src = rows[i, _column(s, span, channels):]
+                            dest = flat[(2 * a + i) * wo + s:]
+                            for o in range(o0, o1):
+                                dest[o * ho * wo] = src[o] + bias[o]
             else:
                 for o in range(channels):
                     b0 = bias[o]
@@ -130,12 +136,14 @@ def _grad_transform(g, dm, rows):
             # rows 2a, 2a+1 to channels-last, even/odd
             if channels >= WIDE:
                 flat = g[n].reshape(channels * ho * wo)
-                for i in range(min(2, ho - 2 * a)):
-                    for s in range(wo):
-                        dest = rows[4 + i, _column(s, span, channels):]
-                        src = flat[(2 * a + i) * wo + s:]
-                        for o in range(channels):
-                            dest[o] = src[o * ho * wo]
+                for o0 in range(0, channels, CHANNEL_BLOCK):
+                    o1 = min(channels, o0 + CHANNEL_BLOCK)
+                    for i in range(min(2, ho - 2 * a)):
+                        for s in range(wo):
+                            dest = rows[4 + i, _column(s, span, channels):]
+                            src = flat[(2 * a + i) * wo + s:]
+                            for o in range(o0, o1):
+                                dest[o] = src[o * ho * wo]
             else:
                 for o in range(channels):
                     for i in range(min(2, ho - 2 * a)):
@@ -207,12 +215,14 @@ def _input_grad(dv, gx, plane, rows, geom):
                 p3[q] -= r3[q]
         if channels >= WIDE:  # back to NCHW
             flat = gx[n].reshape(channels * h * w)
-            for r in range(h):
-                for s in range(w):
-                    src = plane[top + r, _column(left + s, half, channels):]
-                    dest = flat[r * w + s:]
-                    for c in range(channels):
-                        dest[c * h * w] = src[c]
+            for c0 in range(0, channels, CHANNEL_BLOCK):
+                c1 = min(channels, c0 + CHANNEL_BLOCK)
+                for r in range(h):
+                    for s in range(w):
+                        src = plane[top + r, _column(left + s, half, channels):]
+                        dest = flat[r * w + s:]
+                        for c in range(c0, c1):
+                            dest[c * h * w] = src[c]
         else:
             for c in range(channels):
                 for r in range(h):

@@ -32,6 +32,9 @@ from ..distributed.launcher_env import launched_rank_size
 from ..errors import DistributedError
 
 GRACE_S = 1.0  # after a failure, how long the other ranks may take to report theirs
+# after a signal forwarded to the ranks, how long they may take to stop by themselves
+# (each with the agreed code, at its own pace) before the job is ended
+SIGNAL_GRACE_S = 30.0
 _state = {"worker": False}  # True while a spawned rank imports the main script
 
 
@@ -108,7 +111,8 @@ class ProcessContext:
         while self.proc.poll() is None:
             if self._failed_at is None and self._failure():
                 self._failed_at = time.monotonic()
-            if self._failed_at is not None and time.monotonic() - self._failed_at > GRACE_S:
+            grace = GRACE_S if self.signal_received is None else SIGNAL_GRACE_S
+            if self._failed_at is not None and time.monotonic() - self._failed_at > grace:
                 self._end()
                 break
             if deadline is not None and time.monotonic() > deadline:

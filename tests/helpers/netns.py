@@ -194,6 +194,13 @@ class TwoHosts:
                                   str(LAUNCHER), "-localhost", self.a.addr, "-hosts", hosts,
                                   "-n", str(2 * per_host), *argv])
 
+    def mpiexec_argv_on(self, mpiexec, host, n, argv):
+        """mpiexec on ``host`` with all ``n`` ranks there, launched as
+        ``mpiexec_argv`` launches them: the job without the other host."""
+        return self.argv(host, [mpiexec, "-launcher", "ssh", "-launcher-exec", str(LAUNCHER),
+                                "-localhost", host.addr, "-hosts", f"{host.addr}:{n}",
+                                "-n", str(n), *argv])
+
     def link_bytes(self):
         """Bytes sent and received so far on host a's end of the link."""
         stats = self._link(self.a)["stats64"]

@@ -121,6 +121,42 @@ def test_unshard_and_reshard_swap_the_registered_parameters():
     np.testing.assert_array_equal(block.up.weight.array, serial.blocks[1].up.weight.array)
     block.reshard()
     assert isinstance(block.up.weight, DTensor)
+    with torch.no_grad():  # no backward follows: even the root reshards
+        model(_batch(0)[2])
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    model(_batch(0)[2])  # with a graph the root keeps its gathered parameters
+    assert not isinstance(model.head.weight, DTensor)
+    assert isinstance(model.blocks[0].up.weight, DTensor)
+
+
+class Tied(nn.Module):
+    """``head`` and ``proj`` share one weight, both in the root's unit."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.block = nn.Linear(IN, D), Block()
+        self.head, self.proj = nn.Linear(D, OUT), nn.Linear(D, OUT)
+        self.proj.weight = self.head.weight
+
+    def forward(self, x):
+        h = self.block(self.embed(x))
+        return self.head(h) + self.proj(torch.tanh(h))
+
+
+def test_a_parameter_used_twice_in_one_unit_is_one_shard():
+    torch.manual_seed(1)
+    model, serial = Tied(), Tied()
+    model.load_state_dict({k: v.clone() for k, v in serial.state_dict().items()})
+    fully_shard(model.block)
+    fully_shard(model)
+    assert model.head.weight is model.proj.weight and isinstance(model.proj.weight, DTensor)
+    _train(model, serial, steps=2)
+    _assert_same_params(model, serial)
+    other = Tied()
+    other.embed.bias = other.block.down.bias
+    fully_shard(other.block)
+    with pytest.raises(NotImplementedError, match="shared with an already fully_shard-ed"):
+        fully_shard(other)
 
 
 def test_no_gradient_sync_accumulates_locally_then_reduces_the_sum(monkeypatch):

@@ -11,8 +11,9 @@ Optimizers built afterwards from ``model.parameters()`` step on the shards.
 - Forward: a pre-hook all-gathers the unit's parameters into full leaf
   Parameters registered in the module for the forward (``unshard``); a
   post-hook swaps the shards back (``reshard``) when ``reshard_after_forward``
-  (None: every unit but the root, as PyTorch). The gathered arrays stay
-  alive while the autograd graph needs them and are dropped after backward.
+  (None: every unit but the root, as PyTorch; always under ``no_grad``). The
+  gathered arrays stay alive while the autograd graph needs them (they are
+  not re-gathered in backward) and are dropped after backward.
 - Backward: when a full parameter's gradient is final, the unit queues one
   end-of-backward callback that reduce-scatters the gradients (mean over the
   mesh) into the shards' ``.grad`` (accumulating, as ``.grad`` does). With
@@ -22,6 +23,9 @@ Optimizers built afterwards from ``model.parameters()`` step on the shards.
   integer ``reshard_after_forward`` and meshes of more than one dimension
   (HSDP) raise NotImplementedError.
 """
+import functools
+import weakref
+
 from ... import autograd
 from ..._tensor import Tensor
 from ...nn.parameter import Parameter
@@ -33,6 +37,7 @@ from ._fsdp_api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 _active = {"depth": 0}  # fully_shard forwards now running: 0 at the root's entry
 _classes = {}
+_sharded = {}  # id -> weakref of the parameters replaced by shards (the check for ties)
 
 
 class FSDPModule:
@@ -72,11 +77,16 @@ def _states(module, recurse):
 
 
 class _Entry:
-    """One sharded parameter: where it is registered, its shard, and the
-    full leaf used by forward and backward while the unit is unsharded."""
+    """One sharded parameter: where it is registered (every (module, name)
+    of a tied parameter), its shard, and the full leaf used by forward and
+    backward while the unit is unsharded."""
 
-    def __init__(self, owner, name, shard):
-        self.owner, self.name, self.shard, self.full = owner, name, shard, None
+    def __init__(self, slots, shard):
+        self.slots, self.shard, self.full = slots, shard, None
+
+    def register(self, tensor):
+        for owner, name in self.slots:
+            owner._parameters[name] = tensor
 
 
 class _State:
@@ -98,11 +108,11 @@ class _State:
                     e.full.register_post_accumulate_grad_hook(self._grad_ready)
             else:
                 e.full.array = arr  # keeps the gradient accumulated without sync
-            e.owner._parameters[e.name] = e.full
+            e.register(e.full)
 
     def reshard(self):
         for e in self.entries:
-            e.owner._parameters[e.name] = e.shard
+            e.register(e.shard)
 
     def _grad_ready(self, _full):
         if not self.pending:
@@ -127,6 +137,11 @@ class _State:
                 else:
                     e.shard.grad.array += piece
             e.full = None  # the gathered storage goes with the graph
+
+
+def _forget(ref, key):
+    if _sharded.get(key) is ref:
+        del _sharded[key]
 
 
 def _cast(value, dtype):
@@ -156,7 +171,8 @@ def _post_forward(module, args, output):
     state = module._fsdp_state
     _active["depth"] -= 1
     reshard = state.reshard_after_forward
-    if reshard or (reshard is None and not state.root):
+    # without a graph no backward comes to reshard the units kept unsharded
+    if reshard or (reshard is None and not state.root) or not autograd.is_grad_enabled():
         state.reshard()
     if state.mp.output_dtype is not None:
         return _cast(output, state.mp.output_dtype)
@@ -164,16 +180,22 @@ def _post_forward(module, args, output):
 
 
 def _managed(module, ignored):
-    """(owner, name, parameter) of the parameters ``module`` shards: its
-    own and its submodules', except those under a fully_shard-ed submodule."""
-    found, seen = [], set(id(p) for p in ignored)
+    """{id: (parameter, [(owner, name), ...])} of the parameters ``module``
+    shards: its own and its submodules', except those under a fully_shard-ed
+    submodule; a tied parameter once, with all its slots."""
+    found, skip = {}, set(id(p) for p in ignored)
     stack = [module]
     while stack:
         m = stack.pop()
         for name, p in m._parameters.items():
-            if p is not None and id(p) not in seen and not isinstance(p, DTensor):
-                seen.add(id(p))
-                found.append((m, name, p))
+            if p is None or id(p) in skip or isinstance(p, DTensor):
+                continue
+            if id(p) in _sharded and _sharded[id(p)]() is p:
+                raise NotImplementedError(
+                    f"fully_shard({type(module).__name__}): parameter {name!r} of "
+                    f"{type(m).__name__} is shared with an already fully_shard-ed submodule;"
+                    " apply fully_shard to a module that holds every use of it")
+            found.setdefault(id(p), (p, []))[1].append((m, name))
         stack.extend(c for c in reversed(list(m._modules.values()))
                      if c is not None and not isinstance(c, FSDPModule))
     return found
@@ -227,11 +249,12 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard was already applied to {type(module).__name__}")
     entries = []
-    for owner, name, param in _managed(module, ignored_params or ()):
+    for param, slots in _managed(module, ignored_params or ()).values():
         placement = shard_placement_fn(param) if shard_placement_fn is not None else None
-        shard = _shard(param, mesh, placement)
-        owner._parameters[name] = shard
-        entries.append(_Entry(owner, name, shard))
+        entry = _Entry(slots, _shard(param, mesh, placement))
+        entry.register(entry.shard)
+        entries.append(entry)
+        _sharded[id(param)] = weakref.ref(param, functools.partial(_forget, key=id(param)))
     state = _State(module, mesh, reshard_after_forward, mp_policy, entries)
     module.__dict__["_fsdp_state"] = state
     module.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)

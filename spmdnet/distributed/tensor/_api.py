@@ -38,9 +38,9 @@ def gather_dim(local, dim, length, comm):
     padded to one size for MPI, the padding cut off again)."""
     size = comm.Get_size()
     step = -(-length // size) if length else 0
-    moved = np.moveaxis(local, dim, 0) if local.ndim else local
-    pad = step - moved.shape[0]
     xp = xp_of(local)
+    moved = xp.moveaxis(local, dim, 0)
+    pad = step - moved.shape[0]
     if pad:
         moved = xp.concatenate([moved, xp.zeros((pad,) + moved.shape[1:], moved.dtype)])
     stacked = collectives.allgather(xp.ascontiguousarray(moved), comm)
