@@ -19,6 +19,7 @@ import numpy as np
 from . import host_memory
 from ._tensor_str import tensor_repr
 from ._device import device_of_array
+from .dtypes import is_floating
 from ._owned_storage import owner_of
 from .backend import asnumpy, is_cupy_array
 
@@ -47,6 +48,11 @@ def set_default_dtype(dtype):
 def get_default_dtype():
     """The floating dtype for new parameters and tensors built from lists."""
     return _default_dtype[0]
+
+
+def _can_require_grad(dtype):
+    """Floating (bfloat16 included) and complex dtypes carry gradients, as in PyTorch."""
+    return dtype.kind == "c" or is_floating(dtype)
 
 
 def _refuse_non_numeric(data, arr):
@@ -155,7 +161,7 @@ class Tensor:
                                "or through the wrapper's load_state_dict")
         if not (isinstance(array, np.ndarray) or is_cupy_array(array)):
             raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
-        if self._requires_grad and array.dtype.kind not in "fc":
+        if self._requires_grad and not _can_require_grad(array.dtype):
             raise RuntimeError(f"data set to a tensor that requires gradients must be floating "
                                f"point or complex dtype, got {array.dtype}")
         self.array = array
@@ -166,7 +172,7 @@ class Tensor:
 
     @requires_grad.setter
     def requires_grad(self, flag):
-        if flag and self.array.dtype.kind not in "fc":
+        if flag and not _can_require_grad(self.array.dtype):
             raise TypeError("only floating point tensors can require gradients, "
                             f"got dtype {self.array.dtype}")
         self._requires_grad = bool(flag)

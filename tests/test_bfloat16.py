@@ -157,3 +157,13 @@ def test_device_predicates_as_pytorch():
                  "is_xla", "is_quantized", "is_sparse", "is_sparse_csr", "is_mkldnn",
                  "is_nested"):
         assert getattr(t, name) is False, name
+
+
+def test_bfloat16_leaf_requires_grad_and_gets_a_bfloat16_gradient():
+    # PyTorch: a bfloat16 leaf may require gradients; d(sum(t*t))/dt = 2t, in bfloat16
+    t = sn.tensor([1.0, 2.5, -3.0], dtype=sn.bfloat16, requires_grad=True)
+    (t * t).sum().backward()
+    assert t.grad.dtype == sn.bfloat16
+    np.testing.assert_array_equal(t.grad.float().numpy(), [2.0, 5.0, -6.0])
+    with pytest.raises(TypeError, match="floating point"):
+        sn.tensor([1, 2]).requires_grad_()

@@ -212,13 +212,14 @@ def test_loader_workers_end_when_their_process_is_sigkilled(tmp_path):
 
 
 def test_rank_failing_before_init_ends_the_spmdnet_run_job(tmp_path):
-    # torchrun ends the job in ~4 s with the rank's traceback; mpiexec alone waits for ever
+    # torchrun ends the job in ~4 s with the rank's traceback; mpiexec alone waits for ever.
+    # The rank fails before it imports spmdnet: the rank's supervisor sees it
     script = tmp_path / "early.py"
     script.write_text(textwrap.dedent('''
         import os
-        import spmdnet.distributed as dist
-        if os.environ["RANK"] == "1":
+        if os.environ["PMI_RANK"] == "1":
             raise ValueError("rank one fails before init")
+        import spmdnet.distributed as dist
         dist.init_process_group("gloo")
         dist.barrier()
     '''))

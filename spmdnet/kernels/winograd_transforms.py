@@ -12,7 +12,7 @@ from ._numba import njit_inline
 # against 21 at 128.
 WIDE = 32
 
-CHANNEL_BLOCK = 16
+CHANNEL_BLOCK = 8
 
 
 def _input_transform(x, xt, v, rows, geom):

@@ -323,3 +323,37 @@ def test_dtensor_and_device_mesh_basics():
     joined = DTensor.from_local(torch.tensor(expected[start:stop]), mesh, [Shard(0)])
     assert joined.global_shape == (17, 2)
     np.testing.assert_array_equal(joined.full_tensor().array, expected)
+
+
+def test_cpu_offload_and_broadcast_from_rank0():
+    model, serial = _models()
+    _shard(model)
+    rank = dist.get_rank()
+    offloaded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                     cpu_offload=True))
+    assert (offloaded == {}) == (rank != 0)  # PyTorch: only rank 0 holds the full state
+    other, _ = _models(seed=9)
+    given = other.state_dict() if rank == 0 else {}
+    set_model_state_dict(model, given, options=StateDictOptions(full_state_dict=True,
+                                                                broadcast_from_rank0=True))
+    _assert_same_params(model, other, atol=0)
+    with pytest.raises(ValueError, match="broadcast_from_rank0"):
+        set_model_state_dict(model, given, options=StateDictOptions(broadcast_from_rank0=True))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clip_grad_norm_takes_the_norm_of_the_whole_gradients(norm_type):
+    model, serial = _models()
+    _shard(model)
+    gx, gy, x, y = _batch(0)
+    _loss(model, x, y).backward()
+    _loss(serial, gx, gy).backward()
+    total = nn.utils.clip_grad_norm_(model.parameters(), 0.01, norm_type)
+    expected = nn.utils.clip_grad_norm_(serial.parameters(), 0.01, norm_type)
+    assert abs(float(total) - float(expected)) <= 1e-12 * float(expected)
+    named = dict(serial.named_parameters())
+    for name, p in model.named_parameters():
+        full = dtensor_api.gather_dim(p.grad.array, 0, p.global_shape[0],
+                                      p.device_mesh.get_group().comm)
+        np.testing.assert_allclose(full, named[name].grad.array, rtol=0, atol=1e-14,
+                                   err_msg=name)

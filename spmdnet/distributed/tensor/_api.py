@@ -103,6 +103,24 @@ class DTensor(Parameter):
         return Tensor(gather_dim(self.array, placement.dim,
                                  self.global_shape[placement.dim], comm))
 
+    def combine_shard_norms(self, local_norm, norm_type, parameters):
+        """``clip_grad_norm_``'s total over every rank's shards, from this
+        rank's ``local_norm`` of its pieces (a collective over the mesh)."""
+        group = _mesh_group(self.device_mesh, "clip_grad_norm_")
+        for p in parameters:
+            if p.grad is not None and (not isinstance(p, DTensor)
+                                       or not isinstance(p.placements[0], Shard)
+                                       or p.device_mesh.get_group(0) is not group):
+                raise ValueError(f"clip_grad_norm_ over a mix of sharded and other "
+                                 f"parameters ({type(p).__name__} with placements "
+                                 f"{getattr(p, 'placements', None)}): clip each group alone")
+        local = float(local_norm)
+        if norm_type == float("inf"):
+            total = collectives.allreduce(local, "max", group.comm)
+        else:
+            total = collectives.allreduce(local ** norm_type, "sum", group.comm) ** (1 / norm_type)
+        return type(local_norm)(total)
+
     def __repr__(self):
         return (f"DTensor(local_tensor={Tensor.__repr__(Tensor(self.array))}, "
                 f"device_mesh={self.device_mesh!r}, placements={self.placements})")

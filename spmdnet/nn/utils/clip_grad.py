@@ -137,6 +137,9 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         parameters = [parameters]
     parameters = list(parameters)
     total = get_total_norm(grad_arrays(parameters), norm_type, error_if_nonfinite)
+    shards = [p for p in parameters if hasattr(p, "combine_shard_norms")]
+    if shards:  # DTensor shards (fully_shard): the norm of the whole gradients
+        total = shards[0].combine_shard_norms(total, norm_type, parameters)
     clip_grads_with_norm_(parameters, max_norm, total)
     return total
 
