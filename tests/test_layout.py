@@ -119,7 +119,7 @@ PLACES = {
     "spmdnet.functional": "nn",  # a second name of spmdnet.nn.functional
     "spmdnet.optim": "optim",
     "spmdnet.distributed": "distributed",
-    **dict.fromkeys(["spmdnet.multiprocessing", "spmdnet.run"], "distributed"),  # 24b
+    **dict.fromkeys(["spmdnet.multiprocessing", "spmdnet.run"], "distributed"),
     "spmdnet.parallel": "strategies",
     # PyTorch's paths of the strategies' implementations and adapters
     **dict.fromkeys(["spmdnet.nn.parallel.distributed", "spmdnet.distributed.fsdp",

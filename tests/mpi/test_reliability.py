@@ -98,10 +98,10 @@ def test_checkpoint_restores_each_ranks_rng(tmp_path_factory):
     sn.manual_seed(100 + dist.rank())  # a different stream per rank
     model = nn.Linear(2, 2)
     path = sn.save_checkpoint(directory + "/", model, step=1)
-    expected = sn.random.generator().random(4)
+    expected = sn.rand(4).numpy()
     sn.manual_seed(0)
     sn.load_checkpoint(path, model)
-    np.testing.assert_array_equal(sn.random.generator().random(4), expected)
+    np.testing.assert_array_equal(sn.rand(4).numpy(), expected)
 
 
 def test_incompatible_checkpoint_raises_on_every_rank(tmp_path_factory):
