@@ -20,7 +20,8 @@ from ._mpi import mpi
 from .c10d import ReduceOp, as_reduce_op, member
 from .agreement import agree
 from .c10d_p2p import completed
-from .collectives import ReduceTypeError, integer_average, on_host, tensor_array, to_host
+from .collectives import (ReduceTypeError, bcast, integer_average, on_host, tensor_array,
+                          to_host)
 from .guard import guarded
 
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVG: "SUM", ReduceOp.PRODUCT: "PROD",
@@ -133,10 +134,21 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     return _done(async_op, tensor)
 
 
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, root=None,
+              comm=None):
     """Global rank ``src``'s tensor into every member's, in place; returns
-    None, or a Work with ``async_op`` (PyTorch's). spmdnet's broadcast of an
-    array or any object over a communicator is ``dist.bcast``."""
+    None, or a Work with ``async_op`` (PyTorch's).
+
+    spmdnet's own spelling, ``broadcast(x, root=0, comm=None)`` (the public
+    contract since the first release), is the keyword form of ``dist.bcast``:
+    ``root=``/``comm=`` or no source at all (which PyTorch refuses) broadcast
+    an array or any object over a communicator and return it."""
+    if root is not None or comm is not None or (src is None and group_src is None):
+        if src is not None or group is not None or group_src is not None or async_op:
+            raise TypeError("broadcast: give PyTorch's src=/group= or spmdnet's "
+                            f"root=/comm=, not both (src={src}, group_src={group_src}, "
+                            f"root={root})")
+        return bcast(tensor, 0 if root is None else root, comm)
     pg = member(group, "broadcast")
     if pg is None:
         return None

@@ -79,6 +79,21 @@ def test_broadcast_from_every_root(dtype):
     assert dist.bcast({"r": dist.rank()}, root=0) == {"r": 0}  # any object
 
 
+def test_broadcast_keeps_the_contracts_root_and_comm_spelling():
+    # DESIGN's dist.broadcast(x, root=0, comm=None) is dist.bcast's keyword form;
+    # PyTorch's broadcast(tensor, src) is tested in test_torch_distributed.py
+    for root in range(dist.size()):
+        x = ranks_array((4,), np.float64)
+        assert dist.broadcast(x, root=root) is x
+        np.testing.assert_array_equal(x, ranks_array((4,), np.float64) - dist.rank() + root)
+    x = ranks_array((2,), np.int64)
+    dist.broadcast(x)  # no source: root 0 (PyTorch refuses a call without src)
+    np.testing.assert_array_equal(x, ranks_array((2,), np.int64) - dist.rank())
+    assert dist.broadcast({"r": dist.rank()}, root=0, comm=None) == {"r": 0}
+    with pytest.raises(TypeError, match="not both"):
+        dist.broadcast(np.zeros(2), src=0, root=0)
+
+
 def test_broadcast_bad_root():
     with pytest.raises(ValueError, match="outside"):
         dist.bcast(np.zeros(2), root=dist.size())

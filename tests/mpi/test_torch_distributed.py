@@ -94,8 +94,8 @@ def test_broadcast_from_a_global_src_and_spmdnet_bcast():
     t = full((4,), r * 10)
     assert dist.broadcast(t, src=n - 1) is None  # PyTorch's return
     np.testing.assert_array_equal(t.numpy(), np.full(4, (n - 1) * 10))
-    with pytest.raises(TypeError):  # one signature: spmdnet's root=/comm= are dist.bcast's
-        dist.broadcast(t, root=0)
+    with pytest.raises(TypeError, match="not both"):  # src= and spmdnet's root= together
+        dist.broadcast(t, src=0, root=0)
     x = np.full(2, float(r))
     assert dist.bcast(x, root=n - 1) is x
     np.testing.assert_array_equal(x, np.full(2, n - 1.0))
