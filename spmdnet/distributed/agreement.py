@@ -15,6 +15,13 @@ rank's values. The call site is part of the key because ranks reach a new
 line together: a mismatched call on a line of its own is caught even when
 the ranks had reduced tensors of both kinds before.
 
+Only torch.distributed's tensor API (``c10d_collectives.py``: what user
+programs call) agrees: spmdnet's own array collectives, which the library's
+strategies call from code paths that ranks legitimately reach at different
+times (``join`` shadows the gradient reductions of ranks still training),
+do not, since a signature cache is rank-local state and must never decide
+whether a rank enters an extra collective there (a 4-rank ``join`` hung).
+
 In the collective check mode (``SPMDNET_DEBUG_COLLECTIVES=1``), which
 compares every call, this is skipped. The exchange runs on a private
 duplicate of ``comm`` (made on the first exchange, which every rank reaches

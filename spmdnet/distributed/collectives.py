@@ -11,7 +11,6 @@ import numpy as np
 from .. import backend
 from ..errors import DistributedError
 from .._tensor import Tensor
-from .agreement import agree
 from .checks import check_same
 from .guard import guarded
 from ._mpi import mpi
@@ -100,7 +99,6 @@ def allreduce(x, op="sum", comm=None):
     if not getattr(arr.flags, "writeable", True):  # CuPy arrays have no read-only flag
         raise ValueError("allreduce works in place: the array is read-only")
     with guarded(f"allreduce({op})", comm, arr):
-        agree(comm, "allreduce", arr, "avg" if op == "mean" else op)
         on_host(arr, lambda buf: comm.Allreduce(mpi().IN_PLACE, buf, mpi_op))
     if op == "mean":
         arr /= comm.Get_size()
@@ -119,7 +117,6 @@ def bcast(x, root=0, comm=None):
             return comm.bcast(x, root=root)
     arr = tensor_array(x, "broadcast")
     with guarded(f"broadcast(root={root})", comm, arr):
-        agree(comm, "broadcast", arr, f"from {root}")
         on_host(arr, lambda buf: comm.Bcast(buf, root=root))
     return x
 
