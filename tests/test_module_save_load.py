@@ -79,10 +79,6 @@ def test_a_class_not_admitted_is_refused_naming_it():
         sn.load(buf, weights_only=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "spmdnet.load does not yet map PyTorch's torch.nn.modules.<file>.<Class> globals onto "
-    "spmdnet.nn.modules.<file>.<Class> (the same file names), so a module PyTorch pickled "
-    "whole cannot be loaded"))
 def test_a_module_pytorch_saved_whole_loads_with_its_weights():
     ref = np.load(FIXTURES / "whole_sequential.npz")
     with safe_globals([nn.Sequential, nn.Embedding, nn.Dropout, nn.Linear]):

@@ -226,12 +226,27 @@ def user_allowed():
         return dict(_user_allowed)
 
 
-def _global_name(entry):
+def _global_names(entry):
+    """The (module, name) pairs under which a file may name ``entry``: its
+    own, and for a spmdnet class at PyTorch's path (``spmdnet.nn.modules.linear``)
+    PyTorch's spelling too (``torch.nn.modules.linear``), so a whole module that
+    PyTorch pickled loads into the spmdnet class the user admitted."""
     if isinstance(entry, tuple):
         obj, dotted = entry
         module, _, name = dotted.rpartition(".")
-        return (module, name), obj
-    return (entry.__module__, entry.__qualname__), entry
+        return {(module, name): obj}
+    module, name = entry.__module__, entry.__qualname__
+    names = {(module, name): entry}
+    if module.startswith("spmdnet."):
+        names[("torch" + module[len("spmdnet"):], name)] = entry
+    return names
+
+
+def _admitted(safe_globals):
+    entries = {}
+    for entry in safe_globals:
+        entries.update(_global_names(entry))
+    return entries
 
 
 def add_safe_globals(safe_globals):
@@ -239,14 +254,14 @@ def add_safe_globals(safe_globals):
     (classes or functions, or ``(object, "module.name")`` pairs) in
     ``weights_only=True`` loads of this process: the file may call them and
     set the state of the objects they create. Whatever they do, you vouch for."""
-    entries = dict(_global_name(entry) for entry in safe_globals)
+    entries = _admitted(safe_globals)
     with _lock:
         _user_allowed.update(entries)
 
 
 def get_safe_globals():
-    with _lock:
-        return list(_user_allowed.values())
+    with _lock:  # each admitted object once, though it may be named two ways
+        return list({id(obj): obj for obj in _user_allowed.values()}.values())
 
 
 def clear_safe_globals():
@@ -258,7 +273,7 @@ class safe_globals:  # noqa: N801 - PyTorch's name
     """``with safe_globals([...]):`` admits the globals inside the block only."""
 
     def __init__(self, safe_globals):
-        self._entries = dict(_global_name(entry) for entry in safe_globals)
+        self._entries = _admitted(safe_globals)
 
     def __enter__(self):
         with _lock:
