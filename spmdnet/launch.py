@@ -123,16 +123,22 @@ def _owned(path, uid):
         return False
 
 
-def clean_topology_files(directory=TOPOLOGY_FILES[0]):
-    """Remove ``stale_topology_files``; returns the paths removed."""
+def unlink_existing(paths):
+    """Remove each path that still exists (another process may have removed it
+    meanwhile); returns the paths this call removed."""
     removed = []
-    for path in stale_topology_files(directory):
+    for path in paths:
         try:
             path.unlink()
             removed.append(path)
         except FileNotFoundError:
             continue
     return removed
+
+
+def clean_topology_files(directory=TOPOLOGY_FILES[0]):
+    """Remove ``stale_topology_files``; returns the paths removed."""
+    return unlink_existing(stale_topology_files(directory))
 
 
 def run_child(n, script, *args):

@@ -115,14 +115,8 @@ def _paths_in_use():
 
 def clean_stale_mpich_segments(directory="/dev/shm"):
     """Remove :func:`stale_mpich_segments`; returns the paths removed."""
-    removed = []
-    for path in stale_mpich_segments(directory):
-        try:
-            path.unlink()
-            removed.append(path)
-        except FileNotFoundError:
-            continue
-    return removed
+    from .. import launch  # noqa: PLC0415 - `python -m spmdnet.launch` needs it unimported
+    return launch.unlink_existing(stale_mpich_segments(directory))
 
 
 def main(argv=None):

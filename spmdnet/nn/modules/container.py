@@ -84,12 +84,6 @@ class ModuleList(ModuleSequence):
         return self.extend(modules)
 
 
-# The attribute a wrapper sets on each module whose parameters it manages
-# (its name, e.g. "FullyShardedDataParallel"): Sequential never fuses such a
-# module, whose forward must run for the wrapper to gather its weights.
-MANAGED_BY = "_spmdnet_managed_by"
-
-
 class Sequential(ModuleSequence):
     """Modules applied in order: ``Sequential(a, b, c)(x)`` is ``c(b(a(x)))``;
     ``Sequential(OrderedDict(name=module, ...))`` names the children. A slice
@@ -100,9 +94,9 @@ class Sequential(ModuleSequence):
     ``GELU``, ``Tanh`` or ``Sigmoid`` (the classes themselves) runs as one op,
     ``F.linear(x, weight, bias, activation=...)``, with one pass over the
     product instead of three, when neither module has a hook or an
-    instance-assigned ``forward``, no global module hook is registered and
-    no wrapper manages the Linear (``MANAGED_BY``, set by
-    FullyShardedDataParallel). Outputs and gradients are the same as calling
+    instance-assigned ``forward`` and no global module hook is registered (a
+    wrapper that must see a module run, as FullyShardedDataParallel gathering a
+    unit's weights, registers hooks on it). Outputs and gradients are the same as calling
     the two modules in turn (tests/test_nn.py compares both in float64);
     otherwise every module is called, hooks and all. ``fused_pairs()`` shows
     which modules fuse now; ``fuse=False`` (or ``seq.fuse = False``) calls
@@ -153,12 +147,11 @@ class Sequential(ModuleSequence):
 
 
 def _observed(module):
-    """True when something would see a module's own forward run: a hook, a
-    ``forward`` assigned onto the instance, or a wrapper managing it (FSDP
-    frees a Linear's weight between uses and gathers it in its forward)."""
+    """True when something would see a module's own forward run: a hook
+    (a user's, or a wrapper's such as FSDP gathering the unit's weights) or a
+    ``forward`` assigned onto the instance."""
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or "forward" in module.__dict__
-                or getattr(module, MANAGED_BY, None) is not None)
+                or module._backward_pre_hooks or "forward" in module.__dict__)
 
 
 def _fusable_activation(module):
