@@ -18,7 +18,8 @@ def resolve_dtype(dtype):
 
 def resolve_device(device, use_default=True):
     """``"cpu"`` or ``"gpu"`` for a device (a name or a ``device``); PyTorch's
-    ``"cuda"`` and ``"cuda:N"`` mean this rank's GPU (each rank binds its own).
+    ``"cuda"`` and ``"cuda:N"`` mean this rank's GPU (each rank binds its own);
+    ``"meta"`` stays ``"meta"`` (shape-only tensors, ``_device.MetaArray``).
     None stays None (keep/choose the usual place) unless ``use_default`` and a
     ``with spmdnet.device(...)`` block (or ``set_default_device``) names one."""
     if device is None:
@@ -36,7 +37,10 @@ def resolve_device(device, use_default=True):
         return "cpu"
     if kind == "cuda":
         return "gpu"
-    raise ValueError(f"spmdnet runs on 'cpu' and 'cuda' devices, not {kind!r} ({device!r})")
+    if kind == "meta":
+        return "meta"
+    raise ValueError(f"spmdnet runs on 'cpu', 'cuda' and 'meta' devices, not {kind!r} "
+                     f"({device!r})")
 
 
 def shape_arg(shape):

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ._device import is_meta_array
 from .backend import asnumpy, is_cupy_array
 
 PRECISION, THRESHOLD, EDGEITEMS, LINEWIDTH = 4, 1000, 3, 80
@@ -107,6 +108,12 @@ def _notes(t, arr, default_dtype):
 def tensor_repr(t, default_dtype):
     """PyTorch's ``repr`` of Tensor ``t``; ``default_dtype``: the default
     floating dtype (left unnoted)."""
+    if is_meta_array(t.array):  # no data to show: PyTorch's "..." with the device and size
+        arr = t.array
+        notes = [n for n in _notes(t, arr, default_dtype) if not n.startswith("size=")]
+        if arr.dtype in (np.int64, np.bool_):
+            notes.insert(0, f"dtype=torch.{arr.dtype.name}")
+        return ", ".join(["tensor(...", "device='meta'", f"size={tuple(arr.shape)}"] + notes) + ")"
     arr = asnumpy(t.array)
     prefix = "tensor("
     if arr.size == 0:

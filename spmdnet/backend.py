@@ -74,6 +74,9 @@ def asnumpy(a):
     """A host NumPy array for ``a`` (a copy only when ``a`` lives on a GPU)."""
     if is_cupy_array(a):
         return a.get()
+    if type(a) is not np.ndarray and getattr(a, "shape_only", False):  # _device.MetaArray
+        raise NotImplementedError("Cannot copy out of meta tensor; no data! (a tensor on the "
+                                  "'meta' device has a shape and a dtype only)")
     return np.asarray(a)
 
 

@@ -13,14 +13,52 @@ import math
 import numpy as np
 
 from ._args import resolve_device, resolve_dtype, scalar_dtype, shape_arg
+from ._device import meta_array
 from ._tensor import Tensor, _as_array, get_default_dtype
 from .backend import require_cupy, to_device
 from . import random as sn_random
 from .random import distributions, generator_for
 
 
+class _Meta:
+    """The array namespace of the meta device: NumPy's creation calls that
+    make a ``MetaArray`` of the shape and dtype they would give, computing
+    and drawing nothing."""
+
+    @staticmethod
+    def empty(shape, dtype):
+        return meta_array(shape, dtype)
+
+    zeros = ones = empty
+
+    @staticmethod
+    def full(shape, fill_value, dtype):
+        return meta_array(shape, dtype)
+
+    @staticmethod
+    def arange(start, end, step, dtype):
+        return meta_array(max(0, math.ceil((end - start) / step)), dtype)
+
+    @staticmethod
+    def linspace(start, end, steps, dtype):
+        return meta_array(steps, dtype)
+
+    @staticmethod
+    def eye(n, m, dtype):
+        return meta_array((n, m), dtype)
+
+
 def _xp(device):
-    return require_cupy() if resolve_device(device) == "gpu" else np
+    where = resolve_device(device)
+    return require_cupy() if where == "gpu" else _Meta if where == "meta" else np
+
+
+def _placed(arr, device):
+    """``arr`` moved to ``device`` (None: left where it is); on meta, a
+    placeholder of its shape and dtype."""
+    if device == "meta":
+        return meta_array(arr.shape, arr.dtype)
+    return arr if device is None else to_device(arr, device)
 
 
 def _dtype(dtype, default):
@@ -45,8 +83,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False, pin_memory=False)
     arr = _as_array(data, resolve_dtype(dtype))
     if arr is data or (isinstance(data, Tensor) and arr is data.array):
         arr = arr.copy()
-    device = resolve_device(device)
-    return _new(arr if device is None else to_device(arr, device), requires_grad)
+    return _new(_placed(arr, resolve_device(device)), requires_grad)
 
 
 def as_tensor(data, dtype=None, device=None):
@@ -54,8 +91,7 @@ def as_tensor(data, dtype=None, device=None):
     if isinstance(data, Tensor) and dtype is None and device is None:
         return data
     arr = _as_array(data, resolve_dtype(dtype))
-    device = resolve_device(device)
-    return Tensor(arr if device is None else to_device(arr, device))
+    return Tensor(_placed(arr, resolve_device(device)))
 
 
 def from_numpy(array):
@@ -142,7 +178,7 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False):
 def _host_generator(device, generator, where):
     """The ``Generator`` a host draw takes, or None when ``device`` is a GPU
     (CuPy's generator draws there)."""
-    if _xp(device) is not np:
+    if _xp(device) is not np:  # the meta device draws nothing: callers branch before
         if generator is not None:
             raise ValueError(f"{where}: a generator= draws PyTorch's CPU stream; on device "
                              f"{device!r} spmdnet draws from CuPy's generator (leave it None)")
@@ -155,6 +191,8 @@ def _floating_draw(kind, size, generator, dtype, device, requires_grad):
     new tensor; complex dtypes fill the interleaved real and imaginary parts
     (a normal's parts with variance 1/2)."""
     dtype, shape = _float(dtype), shape_arg(size)
+    if _xp(device) is _Meta:  # PyTorch's meta kernels draw nothing
+        return _new(meta_array(shape, dtype), requires_grad)
     g = _host_generator(device, generator, "rand" if kind == "uniform" else "randn")
     if g is None:
         rng = generator_for(_xp(device))
@@ -214,6 +252,8 @@ def randint(*args, size=None, low=None, high=None, generator=None, dtype=None, d
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
                            f"from={low} >= to={high}")
+    if _xp(device) is _Meta:
+        return _new(meta_array(shape_arg((size,)), _dtype(dtype, np.int64)), requires_grad)
     g = _host_generator(device, generator, "randint")
     if g is None:
         out = generator_for(_xp(device)).integers(low, high, size=shape_arg((size,)))
@@ -225,7 +265,9 @@ def randint(*args, size=None, low=None, high=None, generator=None, dtype=None, d
 def randperm(n, generator=None, dtype=None, device=None, requires_grad=False):
     """A random permutation of ``0..n-1`` (int64), drawn on the host as
     PyTorch's CPU ``randperm``."""
+    device = resolve_device(device)
+    if device == "meta":
+        return _new(meta_array(int(n), _dtype(dtype, np.int64)), requires_grad)
     g = sn_random.resolve(generator, "randperm")
     out = distributions.randperm(g, int(n)).astype(_dtype(dtype, np.int64))
-    device = resolve_device(device)
     return _new(out if device in (None, "cpu") else to_device(out, device), requires_grad)

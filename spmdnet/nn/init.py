@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 
+from .._device import is_meta_array
 from .._tensor import Tensor, get_default_dtype
 from ..backend import xp_of
 from .. import random as sn_random
@@ -68,6 +69,13 @@ def _gen(generator, where):
     return sn_random.resolve(generator, where)
 
 
+def _on_meta(tensor):
+    """Whether the tensor is on the meta device: an initialiser then returns
+    it untouched and draws nothing, as PyTorch's meta kernels (so a model
+    built on meta leaves the generator where it was)."""
+    return is_meta_array(_array(tensor))
+
+
 def _dtype(tensor):
     return _array(tensor).dtype
 
@@ -93,12 +101,16 @@ def _calculate_correct_fan(tensor, mode):
 # -- fills ------------------------------------------------------------------------------
 def uniform_(tensor, a=0.0, b=1.0, generator=None):
     """Fill with U(a, b)."""
+    if _on_meta(tensor):
+        return tensor
     g = _gen(generator, "uniform_")
     return _fill(tensor, distributions.uniform(g, _array(tensor).shape, a, b, _dtype(tensor)))
 
 
 def normal_(tensor, mean=0.0, std=1.0, generator=None):
     """Fill with N(mean, std²)."""
+    if _on_meta(tensor):
+        return tensor
     g = _gen(generator, "normal_")
     return _fill(tensor, distributions.normal(g, _array(tensor).shape, mean, std,
                                               _dtype(tensor)))
@@ -121,6 +133,8 @@ def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
     if (mean < a - 2 * std) or (mean > b + 2 * std):
         warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
                       "The distribution of values may be incorrect.", stacklevel=2)
+    if _on_meta(tensor):
+        return tensor
     g, shape, dtype = _gen(generator, "trunc_normal_"), _array(tensor).shape, _dtype(tensor)
     if _norm_cdf((b - mean) / std) - _norm_cdf((a - mean) / std) > 0.3:
         lo, hi = dtype.type(a), dtype.type(b)
@@ -213,7 +227,7 @@ def orthogonal_(tensor, gain=1, generator=None):
     arr = _array(tensor)
     if arr.ndim < 2:
         raise ValueError("Only tensors with 2 or more dimensions are supported")
-    if arr.size == 0:
+    if arr.size == 0 or _on_meta(tensor):
         return tensor
     rows = arr.shape[0]
     cols = arr.size // rows
@@ -238,6 +252,8 @@ def sparse_(tensor, sparsity, std=0.01, generator=None):
         raise ValueError("Only tensors with 2 dimensions are supported")
     rows, cols = arr.shape
     num_zeros = int(math.ceil(sparsity * rows))
+    if _on_meta(tensor):
+        return tensor
     g = _gen(generator, "sparse_")
     values = distributions.normal(g, arr.shape, 0.0, std, arr.dtype)
     for col in range(cols):

@@ -1,4 +1,5 @@
 """Parameter: a leaf tensor that a Module registers and optimizers update."""
+from .._device import builds_on_meta, meta_array
 from .._tensor import Tensor, _as_array
 
 
@@ -13,7 +14,10 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, requires_grad=True):
-        super().__init__(_as_array(data), requires_grad=requires_grad)
+        array = _as_array(data)
+        if builds_on_meta() and not isinstance(data, Tensor):
+            array = meta_array(array.shape, array.dtype)  # a layer's new array, on meta
+        super().__init__(array, requires_grad=requires_grad)
 
     def __repr__(self):  # PyTorch's: the tensor's own text under a heading
         return "Parameter containing:\n" + Tensor.__repr__(self)

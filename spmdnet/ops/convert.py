@@ -9,7 +9,7 @@ to an integer or bool dtype leaves it.
 import numpy as np
 
 from .._args import resolve_device, resolve_dtype
-from .._device import device as Device
+from .._device import device as Device, device_of_array
 from .._tensor import Tensor
 from ..autograd import Function
 from ..backend import device_of, to_device
@@ -52,7 +52,7 @@ def to(a, *args, dtype=None, device=None, non_blocking=False, copy=False):
             dtype = arg
     device = resolve_device(device, use_default=False)  # None: stay where it is
     out = a
-    if device is not None and device != device_of(a.array):
+    if device is not None and device != device_of_array(a.array):  # meta is not "cpu"
         out = ToDevice.apply(a, device=device)
     if dtype is not None:
         out = cast(out, dtype, copy=copy and out is a)

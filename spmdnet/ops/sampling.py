@@ -14,6 +14,7 @@ replacement, or for one sample, the largest ``p / q`` with ``q`` exponential
 import numpy as np
 
 from .. import random as sn_random
+from .._device import is_meta_array
 from .._tensor import Tensor
 from ..backend import asnumpy, device_of, to_device, xp_of
 from ..creation import empty
@@ -145,6 +146,8 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     _floating(self, "normal_")
     if float(std) < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "normal_")
     if self.dtype.kind == "c":
         part = np.float32 if self.dtype == np.complex64 else np.float64
@@ -163,6 +166,8 @@ def uniform_(self, *bounds, generator=None, **names):
     if float(lo) > float(hi):
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
                            f"from={lo} > to={hi}")
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "uniform_")
     return _fill(self, "uniform_", distributions.uniform(g, self.shape, lo, hi, self.dtype))
 
@@ -170,6 +175,8 @@ def uniform_(self, *bounds, generator=None, **names):
 def bernoulli_(self, p=0.5, *, generator=None):
     """Fill with 0/1 draws: probability ``p`` (a number, or a tensor
     broadcast to this shape)."""
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "bernoulli_")
     if isinstance(p, Tensor):
         probs = np.broadcast_to(asnumpy(p.array), self.shape)
@@ -182,6 +189,8 @@ def exponential_(self, lambd=1.0, *, generator=None):
     _floating(self, "exponential_")
     if not float(lambd) > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "exponential_")
     return _fill(self, "exponential_",
                  distributions.exponential(g, self.shape, lambd, self.dtype))
@@ -190,6 +199,8 @@ def exponential_(self, lambd=1.0, *, generator=None):
 def geometric_(self, p, *, generator=None):
     if not 0 < float(p) < 1:
         raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "geometric_")
     return _fill(self, "geometric_", distributions.geometric(g, self.shape, p, self.dtype))
 
@@ -198,6 +209,8 @@ def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
     _floating(self, "log_normal_")
     if not float(std) > 0:
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "log_normal_")
     return _fill(self, "log_normal_",
                  distributions.log_normal(g, self.shape, mean, std, self.dtype))
@@ -205,6 +218,8 @@ def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
 
 def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
     _floating(self, "cauchy_")
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "cauchy_")
     return _fill(self, "cauchy_",
                  distributions.cauchy(g, self.shape, median, sigma, self.dtype))
@@ -221,6 +236,8 @@ def random_(self, *bounds, generator=None, **names):
         lo, hi = bounds
     elif len(bounds) == 1:
         lo, hi = (0, bounds[0]) if lo is None else (lo, bounds[0])
+    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
+        return self
     g = sn_random.resolve(generator, "random_")
     if hi is None:
         return _fill(self, "random_", distributions.random_full(g, self.shape, self.dtype))

@@ -6,7 +6,8 @@ other processes)."""
 import numpy as np
 
 from ..._args import resolve_device
-from ...backend import device_of, to_device
+from ..._device import device_of_array, meta_array
+from ...backend import to_device
 
 
 def _own_tensors(module, recurse):
@@ -22,8 +23,11 @@ def to_empty(module, device, recurse):
     stay the same (an optimizer built on them keeps working)."""
     target = resolve_device(device, use_default=False)
     for t in _own_tensors(module, recurse):
-        where = target or device_of(t.array)
-        t.data = to_device(np.empty(t.shape, t.array.dtype), where)
+        where = target or resolve_device(device_of_array(t.array))
+        if where == "meta":  # to_empty(device="meta"): shape-only again, as PyTorch
+            t.data = meta_array(t.shape, t.array.dtype)
+        else:
+            t.data = to_device(np.empty(t.shape, t.array.dtype), where)
         t.grad = None
     return module
 

@@ -142,9 +142,9 @@ class MultiheadAttention(Module):
                                       "kdim/vdim other than embed_dim are not provided")
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.dropout, self.batch_first = dropout, batch_first
-        self.in_proj_weight = Parameter(_empty((3 * embed_dim, embed_dim), dtype))
-        self.in_proj_bias = Parameter(_empty((3 * embed_dim,), dtype)) if bias else None
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.in_proj_weight = Parameter(_empty((3 * embed_dim, embed_dim), dtype, device))
+        self.in_proj_bias = Parameter(_empty((3 * embed_dim,), dtype, device)) if bias else None
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
         self._reset_parameters()
         _move(self, device)
 

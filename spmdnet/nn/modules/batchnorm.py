@@ -11,6 +11,7 @@ from ..._tensor import get_default_dtype
 from ...ops.batchnorm import batch_norm
 from .. import init
 from .module import Module
+from .utils import _move
 from ..parameter import Parameter
 
 
@@ -35,8 +36,7 @@ class _NormBase(Module):
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
             self.register_buffer("num_batches_tracked", None)
-        if device is not None:
-            self.to(device)
+        _move(self, device)
 
     def reset_running_stats(self):
         if self.track_running_stats:

@@ -46,8 +46,8 @@ class _ConvNd(Module):
         else:
             self.padding = _tuple(padding, n, "padding")
         self.padding_mode = padding_mode
-        self.weight = Parameter(_empty(self._weight_shape(), dtype))
-        self.bias = Parameter(_empty((out_channels,), dtype)) if bias else None
+        self.weight = Parameter(_empty(self._weight_shape(), dtype, device))
+        self.bias = Parameter(_empty((out_channels,), dtype, device)) if bias else None
         self.reset_parameters()
         _move(self, device)
 

@@ -21,8 +21,8 @@ class Linear(Module):
         if in_features < 0 or out_features < 0:
             raise ValueError(f"Linear: negative size ({in_features}, {out_features})")
         self.in_features, self.out_features = in_features, out_features
-        self.weight = Parameter(_empty((out_features, in_features), dtype))
-        self.bias = Parameter(_empty((out_features,), dtype)) if bias else None
+        self.weight = Parameter(_empty((out_features, in_features), dtype, device))
+        self.bias = Parameter(_empty((out_features,), dtype, device)) if bias else None
         self.reset_parameters()
         _move(self, device)
 

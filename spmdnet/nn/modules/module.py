@@ -9,6 +9,7 @@ from ... import host_memory
 from ...autograd.grad_placement import has_placement
 from ...backend import to_device
 from ..._args import resolve_device, resolve_dtype
+from ..._device import builds_on_meta, meta_array
 from ..._tensor import Tensor
 from ..parameter import Parameter, grad_array
 from . import _hooks, _memory, _state
@@ -105,8 +106,11 @@ class Module(ModuleHooks):
         ``buffers()``, moved by ``to()``, saved in ``state_dict`` unless
         ``persistent=False``."""
         self._check_new_name(name, "_buffers", "buffer")
-        self._buffers[name] = tensor if tensor is None or isinstance(tensor, Tensor) \
-            else Tensor(tensor)
+        if tensor is not None and not isinstance(tensor, Tensor):
+            tensor = Tensor(tensor)
+            if builds_on_meta():  # a layer's new array: shape-only under device("meta")
+                tensor = Tensor(meta_array(tensor.shape, tensor.dtype))
+        self._buffers[name] = tensor
         if persistent:
             self._non_persistent_buffers_set.discard(name)
         else:

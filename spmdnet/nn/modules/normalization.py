@@ -24,9 +24,9 @@ class LayerNorm(Module):
         self.eps, self.elementwise_affine = eps, elementwise_affine
         self.weight = self.bias = None
         if elementwise_affine:
-            self.weight = Parameter(_empty(self.normalized_shape, dtype))
+            self.weight = Parameter(_empty(self.normalized_shape, dtype, device))
             if bias:
-                self.bias = Parameter(_empty(self.normalized_shape, dtype))
+                self.bias = Parameter(_empty(self.normalized_shape, dtype, device))
         self.reset_parameters()
         _move(self, device)
 
@@ -55,8 +55,8 @@ class GroupNorm(Module):
                              f"num_groups ({num_groups})")
         self.num_groups, self.num_channels = num_groups, num_channels
         self.eps, self.affine = eps, affine
-        self.weight = Parameter(_empty((num_channels,), dtype)) if affine else None
-        self.bias = Parameter(_empty((num_channels,), dtype)) if affine else None
+        self.weight = Parameter(_empty((num_channels,), dtype, device)) if affine else None
+        self.bias = Parameter(_empty((num_channels,), dtype, device)) if affine else None
         self.reset_parameters()
         _move(self, device)
 

@@ -82,7 +82,7 @@ class RNNBase(Module):
                     shapes.update(bias_ih=(gates,), bias_hh=(gates,))
                 for kind, shape in shapes.items():
                     attr = f"{kind}_l{layer}{suffix}"
-                    setattr(self, attr, Parameter(_empty(shape, dtype)))
+                    setattr(self, attr, Parameter(_empty(shape, dtype, device)))
                     self._flat_weights_names.append(attr)
         self.reset_parameters()
         _move(self, device)
@@ -243,10 +243,10 @@ class RNNCellBase(Module):
         self.mode, self.input_size, self.hidden_size, self.bias = mode, input_size, \
             hidden_size, bias
         gates = GATES[mode] * hidden_size
-        self.weight_ih = Parameter(_empty((gates, input_size), dtype))
-        self.weight_hh = Parameter(_empty((gates, hidden_size), dtype))
-        self.bias_ih = Parameter(_empty((gates,), dtype)) if bias else None
-        self.bias_hh = Parameter(_empty((gates,), dtype)) if bias else None
+        self.weight_ih = Parameter(_empty((gates, input_size), dtype, device))
+        self.weight_hh = Parameter(_empty((gates, hidden_size), dtype, device))
+        self.bias_ih = Parameter(_empty((gates,), dtype, device)) if bias else None
+        self.bias_hh = Parameter(_empty((gates,), dtype, device)) if bias else None
         self.reset_parameters()
         _move(self, device)
 

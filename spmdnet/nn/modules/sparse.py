@@ -28,7 +28,7 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = padding_idx
         if _weight is None:
-            self.weight = Parameter(_empty((num_embeddings, embedding_dim), dtype))
+            self.weight = Parameter(_empty((num_embeddings, embedding_dim), dtype, device))
             self.reset_parameters()
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):

@@ -3,14 +3,27 @@
 name holds its layers' small helpers likewise)."""
 import numpy as np
 
+from ..._args import resolve_device
+from ..._device import meta_array
 from ..._tensor import get_default_dtype
 
 
-def _empty(shape, dtype=None):
-    """A host array for a parameter, filled by ``reset_parameters``."""
-    return np.empty(shape, np.dtype(dtype or get_default_dtype()))
+def _empty(shape, dtype=None, device=None):
+    """A host array for a parameter, filled by ``reset_parameters``; for
+    ``device="meta"`` a shape-only one, so the constructor's init draws
+    nothing (PyTorch's ``nn.Linear(..., device="meta")``)."""
+    dtype = np.dtype(dtype or get_default_dtype())
+    if device is not None and resolve_device(device, use_default=False) == "meta":
+        return meta_array(shape, dtype)
+    return np.empty(shape, dtype)
 
 
 def _move(module, device):
-    if device is not None:
+    """The constructor's ``device=``: its tensors move there (to the meta
+    device, each becomes shape-only: buffers made without ``_empty`` too)."""
+    if device is None:
+        return
+    if resolve_device(device, use_default=False) == "meta":
+        module.to_empty(device="meta")
+    else:
         module.to(device)
