@@ -293,7 +293,7 @@ def test_full_width_resnet18_float64_equals_pytorch():
     """Train-mode forward and backward at batch 2 (32x32, float64) against
     PyTorch's on the same seeded weights: output, the input's gradient,
     every parameter's gradient (strided samples of the large ones) and the
-    updated BatchNorm running statistics, to 1e-9."""
+    updated BatchNorm running statistics, to 1e-8 of each array's largest value."""
     ref = sn.load(os.path.join(FIXTURES, "resnet18_full.pt"))
     model = _resnet(np.float64).train()
     assert list(ref["names"]) == [n for n in model.state_dict()
@@ -311,8 +311,10 @@ def test_full_width_resnet18_float64_equals_pytorch():
 
 
 def _close(got, want, name):
-    """Within 1e-9 of the array's largest value: batch 2 leaves the last
+    """Within 1e-8 of the array's largest value: batch 2 leaves the last
     stage's BatchNorm two values per channel to normalise, which amplifies
-    float64 rounding (1e-10 of the largest value here)."""
+    float64 rounding: 1.3e-10 of the largest value with one BLAS thread, and
+    1.0e-9 (a BatchNorm weight's gradient) when OpenBLAS runs several threads
+    and so sums in another order."""
     assert got.shape == want.shape, name
-    assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max(), name
+    assert np.abs(got - want).max() <= 1e-8 * np.abs(want).max(), name
