@@ -280,7 +280,7 @@ def test_head_to_head_small_sends_still_complete(tmp_path):
         dist.send(torch.full((4,), float(me)), dst=other)
         got = torch.zeros(4)
         dist.recv(got, src=other)
-        print("GOT", me, got.tolist(), flush=True)
+        print(f"GOT {me} {got.tolist()}", flush=True)  # one string: two ranks share the pipe
     """)
     assert code == 0, err
     assert "GOT 0 [1.0, 1.0, 1.0, 1.0]" in out and "GOT 1 [0.0, 0.0, 0.0, 0.0]" in out

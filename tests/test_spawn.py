@@ -96,7 +96,8 @@ def test_spawn_under_mpiexec_runs_fn_on_every_rank(script, tmp_path):
 def test_spawn_size_mismatch_under_mpiexec_is_clear(tmp_path):
     code = ("import spmdnet.multiprocessing as mp\n"
             "try:\n    mp.spawn(print, nprocs=3)\n"
-            "except Exception as e:\n    print(type(e).__name__, e)\n")
+            "except Exception as e:\n"  # one string: two ranks share the pipe
+            "    print(f'{type(e).__name__} {e}', flush=True)\n")
     done = launch.run(2, "-c", code, timeout=120)
     assert done.stdout.count("DistributedError spawn(nprocs=3) inside an MPI job of 2") == 2
 
