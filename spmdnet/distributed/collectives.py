@@ -121,13 +121,16 @@ def bcast(x, root=0, comm=None):
     return x
 
 
-def allgather(x, comm=None):
+def allgather(x, comm=None, *, same_shape=False):
     """Every rank's ``x`` stacked into a new array of shape (size, *x.shape).
 
-    The input is untouched. Ranks must pass equal shapes and dtypes."""
+    The input is untouched. Ranks must pass equal shapes and dtypes: checked
+    across ranks (one small collective more) unless ``same_shape`` says the
+    caller's layout makes them equal (a row of fixed length per layer)."""
     arr = tensor_array(x, "allgather")
     comm = comm_or_default(comm)
-    check_same(comm, (tuple(arr.shape), str(arr.dtype)), "allgather (shape, dtype)")
+    if not same_shape:
+        check_same(comm, (tuple(arr.shape), str(arr.dtype)), "allgather (shape, dtype)")
     xp = backend.xp_of(arr)
     out = xp.empty((comm.Get_size(),) + arr.shape, arr.dtype)
     send = to_host(arr)

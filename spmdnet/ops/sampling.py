@@ -136,6 +136,14 @@ def _fill(self, name, values):
     return self
 
 
+def _draw_into(self, name, generator, draw):
+    """Fill ``self`` with ``draw(g)``, ``g`` the generator that ``generator``
+    names; a meta tensor draws nothing, as PyTorch's meta kernels."""
+    if is_meta_array(self.array):
+        return self
+    return _fill(self, name, draw(sn_random.resolve(generator, name)))
+
+
 def _floating(self, name):
     if self.dtype.kind not in "fc":
         raise RuntimeError(f"{name} expects a floating-point tensor, got {self.dtype}")
@@ -146,14 +154,13 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     _floating(self, "normal_")
     if float(std) < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "normal_")
-    if self.dtype.kind == "c":
-        part = np.float32 if self.dtype == np.complex64 else np.float64
-        parts = distributions.normal(g, self.shape + (2,), mean, float(std) / np.sqrt(2), part)
-        return _fill(self, "normal_", parts.view(self.dtype).reshape(self.shape))
-    return _fill(self, "normal_", distributions.normal(g, self.shape, mean, std, self.dtype))
+    if self.dtype.kind != "c":
+        return _draw_into(self, "normal_", generator, lambda g: distributions.normal(
+            g, self.shape, mean, std, self.dtype))
+    part = np.float32 if self.dtype == np.complex64 else np.float64
+    return _draw_into(self, "normal_", generator, lambda g: distributions.normal(
+        g, self.shape + (2,), mean, float(std) / np.sqrt(2), part
+    ).view(self.dtype).reshape(self.shape))
 
 
 def uniform_(self, *bounds, generator=None, **names):
@@ -166,63 +173,47 @@ def uniform_(self, *bounds, generator=None, **names):
     if float(lo) > float(hi):
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
                            f"from={lo} > to={hi}")
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "uniform_")
-    return _fill(self, "uniform_", distributions.uniform(g, self.shape, lo, hi, self.dtype))
+    return _draw_into(self, "uniform_", generator,
+                      lambda g: distributions.uniform(g, self.shape, lo, hi, self.dtype))
 
 
 def bernoulli_(self, p=0.5, *, generator=None):
     """Fill with 0/1 draws: probability ``p`` (a number, or a tensor
     broadcast to this shape)."""
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "bernoulli_")
     if isinstance(p, Tensor):
-        probs = np.broadcast_to(asnumpy(p.array), self.shape)
-        return _fill(self, "bernoulli_", distributions.bernoulli_tensor(g, probs, self.dtype))
-    return _fill(self, "bernoulli_",
-                 distributions.bernoulli_scalar(g, self.shape, _probability(p), self.dtype))
+        return _draw_into(self, "bernoulli_", generator, lambda g: distributions.bernoulli_tensor(
+            g, np.broadcast_to(asnumpy(p.array), self.shape), self.dtype))
+    return _draw_into(self, "bernoulli_", generator, lambda g: distributions.bernoulli_scalar(
+        g, self.shape, _probability(p), self.dtype))
 
 
 def exponential_(self, lambd=1.0, *, generator=None):
     _floating(self, "exponential_")
     if not float(lambd) > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "exponential_")
-    return _fill(self, "exponential_",
-                 distributions.exponential(g, self.shape, lambd, self.dtype))
+    return _draw_into(self, "exponential_", generator,
+                      lambda g: distributions.exponential(g, self.shape, lambd, self.dtype))
 
 
 def geometric_(self, p, *, generator=None):
     if not 0 < float(p) < 1:
         raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "geometric_")
-    return _fill(self, "geometric_", distributions.geometric(g, self.shape, p, self.dtype))
+    return _draw_into(self, "geometric_", generator,
+                      lambda g: distributions.geometric(g, self.shape, p, self.dtype))
 
 
 def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
     _floating(self, "log_normal_")
     if not float(std) > 0:
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "log_normal_")
-    return _fill(self, "log_normal_",
-                 distributions.log_normal(g, self.shape, mean, std, self.dtype))
+    return _draw_into(self, "log_normal_", generator,
+                      lambda g: distributions.log_normal(g, self.shape, mean, std, self.dtype))
 
 
 def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
     _floating(self, "cauchy_")
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "cauchy_")
-    return _fill(self, "cauchy_",
-                 distributions.cauchy(g, self.shape, median, sigma, self.dtype))
+    return _draw_into(self, "cauchy_", generator,
+                      lambda g: distributions.cauchy(g, self.shape, median, sigma, self.dtype))
 
 
 def random_(self, *bounds, generator=None, **names):
@@ -236,16 +227,16 @@ def random_(self, *bounds, generator=None, **names):
         lo, hi = bounds
     elif len(bounds) == 1:
         lo, hi = (0, bounds[0]) if lo is None else (lo, bounds[0])
-    if is_meta_array(self.array):  # a meta tensor: nothing drawn, as PyTorch
-        return self
-    g = sn_random.resolve(generator, "random_")
-    if hi is None:
-        return _fill(self, "random_", distributions.random_full(g, self.shape, self.dtype))
-    lo = 0 if lo is None else int(lo)
-    if lo >= int(hi):
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
-                           f"from={lo} >= to={hi}")
-    return _fill(self, "random_", distributions.random_from_to(g, self.shape, lo, int(hi)))
+    def draw(g):
+        if hi is None:
+            return distributions.random_full(g, self.shape, self.dtype)
+        first = 0 if lo is None else int(lo)
+        if first >= int(hi):
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
+                               f"from={first} >= to={hi}")
+        return distributions.random_from_to(g, self.shape, first, int(hi))
+
+    return _draw_into(self, "random_", generator, draw)
 
 
 METHODS = {"normal_": normal_, "uniform_": uniform_, "bernoulli_": bernoulli_,

@@ -11,6 +11,7 @@ from mpi4py import MPI
 import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import backend, dist, nn, parallel
+from spmdnet.distributed.p2p_arrays import recv_array
 from tests.helpers.check_mode import collective_check_mode
 
 pytestmark = pytest.mark.mpi
@@ -47,7 +48,7 @@ def test_a_stage_in_a_collective_while_the_other_receives(debug_collectives):
     msg = str(info.value)
     assert "allreduce" in msg and "recv(tag" in msg and "test_pipeline_checks.py" in msg
     if dist.rank() == 1:  # take the activation stage 0 sent, so no message outlives pp
-        parallel.pipeline.gpipe._recv_array(pp, 0, parallel.pipeline.gpipe.TAG_FORWARD)
+        recv_array(pp, 0, parallel.pipeline.gpipe.TAG_FORWARD)
     dist.free(pp)
     dist.free(world)
 
@@ -59,7 +60,7 @@ def test_both_stages_receiving_is_reported(debug_collectives):
     peer = 1 - dist.rank()
     t0 = time.time()
     with pytest.raises(sn.DistributedError, match="cannot match"):
-        parallel.pipeline.gpipe._recv_array(pp, peer, tag=99)  # each waits for the other
+        recv_array(pp, peer, tag=99)  # each waits for the other
     assert time.time() - t0 < REPORTED_WITHIN_S
     dist.free(pp)
 

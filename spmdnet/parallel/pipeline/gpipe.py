@@ -23,7 +23,7 @@ from ... import distributed as dist
 from ...backend import asnumpy, xp_of
 from ..._tensor import Tensor
 from ...autograd import Function, no_grad
-from ...distributed import guard
+from ...distributed.p2p_arrays import recv_array, send_array
 
 TAG_FORWARD, TAG_BACKWARD = 11, 12
 
@@ -31,28 +31,6 @@ TAG_FORWARD, TAG_BACKWARD = 11, 12
 def bubble_fraction(stages, micro_batches):
     """The idle share of a GPipe step: (p - 1) / (m + p - 1)."""
     return (stages - 1) / (micro_batches + stages - 1)
-
-
-def _send_array(comm, array, dest, tag):
-    host = np.ascontiguousarray(asnumpy(array))
-    op = f"send(tag {tag})"
-    with dist.guarded(op, comm, host, peer=dest):
-        comm.send((host.shape, host.dtype.str), dest=dest, tag=tag)
-        request = comm.Isend(host, dest=dest, tag=tag)
-        # check mode: a send the peer never receives is a wait, reported like a collective's
-        guard.wait_p2p(comm, dest, op, "send", tag, request.Test)
-        request.Wait()
-
-
-def _recv_array(comm, source, tag):
-    op = f"recv(tag {tag})"
-    with dist.guarded(op, comm, peer=source):
-        guard.wait_p2p(comm, source, op, "recv", tag,
-                       lambda: comm.Iprobe(source=source, tag=tag))
-        shape, dtype = comm.recv(source=source, tag=tag)
-        out = np.empty(shape, dtype=np.dtype(dtype))
-        comm.Recv(out, source=source, tag=tag)
-    return out
 
 
 def _array_module(stage):
@@ -68,10 +46,10 @@ class RecvActivation(Function):
 
     def forward(self, anchor, comm=None, source=0, tag=0):
         self.comm, self.source, self.tag = comm, source, tag
-        return xp_of(anchor).asarray(_recv_array(comm, source, TAG_FORWARD + 100 * tag))
+        return xp_of(anchor).asarray(recv_array(comm, source, TAG_FORWARD + 100 * tag))
 
     def backward(self, g):
-        _send_array(self.comm, g, self.source, TAG_BACKWARD + 100 * self.tag)
+        send_array(self.comm, g, self.source, TAG_BACKWARD + 100 * self.tag)
         return xp_of(g).zeros(())
 
 
@@ -81,11 +59,11 @@ class SendActivation(Function):
 
     def forward(self, x, comm=None, dest=0, tag=0):
         self.comm, self.dest, self.tag, self.like = comm, dest, tag, x
-        _send_array(comm, x, dest, TAG_FORWARD + 100 * tag)
+        send_array(comm, x, dest, TAG_FORWARD + 100 * tag)
         return xp_of(x).zeros(())
 
     def backward(self, g):
-        grad = _recv_array(self.comm, self.dest, TAG_BACKWARD + 100 * self.tag)
+        grad = recv_array(self.comm, self.dest, TAG_BACKWARD + 100 * self.tag)
         return xp_of(self.like).asarray(grad)
 
 
