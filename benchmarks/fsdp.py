@@ -78,12 +78,10 @@ def persistent_bytes(params, opt):
 
 def fsdp_buffer_bytes(fsdp):
     """Bytes of FSDP's own transient buffers now (array accounting): gathered
-    full parameters, gathers in flight, open flat gradients, gradients in flight."""
+    full parameters, gathers in flight, gradient buckets open or in flight."""
     full = sum(f.numel * f.shard.array.itemsize for f in fsdp.flats() if f.live)
     ahead = sum(buf.nbytes for _, buf in fsdp.prefetcher.pending.values())
-    grads = sum(h.nbytes for u in fsdp.units if u.homes is not None for h in u.homes)
-    sending = sum(full.nbytes for _, _, full in fsdp.reducer.pending)
-    return full + ahead + grads + sending
+    return full + ahead + fsdp.buffer.staged_bytes()
 
 
 def track_buffers(fsdp, result):
@@ -133,7 +131,7 @@ class Runner:
                   "step": float(np.median(self.times[1:])), "unit": unit_bytes,
                   # blocking gathers + Wait() of prefetches; blocking or waited reduce-scatters
                   "ag": w.prefetcher.wait_s / self.comm_steps if fsdp else 0.0,
-                  "rs": w.reducer.wait_s / self.comm_steps if fsdp else 0.0,
+                  "rs": w.buffer.wait_s / self.comm_steps if fsdp else 0.0,
                   "hits": w.prefetcher.hits if fsdp else 0, "buffers": self.tracked["buffers"],
                   "pool": w.pool.nbytes() if fsdp else 0}
         w.close()

@@ -9,6 +9,9 @@ from .distributed.launcher_env import set_torchrun_env as _set_torchrun_env
 from .distributed.early_failure import install as _end_job_on_early_failure
 
 from . import autograd, data, distributed, functional, nn, ops, optim, parallel
+# modules that nn names without importing (a layer below them); parallel's names load on use
+from .nn.parallel import distributed as _ddp  # noqa: F401 - nn.parallel.DistributedDataParallel
+from .parallel import sync_batchnorm as _sync_bn  # noqa: F401 - nn.SyncBatchNorm's reductions
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .errors import CheckpointError, DistributedError

@@ -2,8 +2,9 @@
 ``device("cuda", 1)``, ``device(1)``, with ``.type`` and ``.index``, and
 ``with device("cuda"):`` as the default device of tensor creation.
 
-A leaf (it imports only ``backend``): ``Tensor.device`` and the argument
-parser (``_args.resolve_device``) both build on it.
+A leaf (it imports only ``backend`` and ``_meta``, the meta device's arrays,
+which it re-exports): ``Tensor.device`` and the argument parser
+(``_args.resolve_device``) both build on it.
 
 Intentional differences: a device is a ``str`` subclass whose text is
 PyTorch's ``str(device)``, and it equals the strings naming it
@@ -14,8 +15,7 @@ and code written against the old string ``Tensor.device`` keeps working.
 """
 import threading
 
-import numpy as np
-
+from ._meta import MetaArray, is_meta_array, meta_array
 from .backend import is_cupy_array
 
 KNOWN_TYPES = ("cpu", "cuda", "mps", "meta", "xpu")
@@ -147,78 +147,8 @@ def device_of_array(a):
     return CPU
 
 
-class MetaArray(np.ndarray):
-    """The array of a tensor on PyTorch's meta device: a shape and a dtype,
-    no data. It is a read-only broadcast of one zero (no memory however
-    large the shape), and its type is the mark ``Tensor.device`` reads.
-
-    Writes into it (``arr[...] = v``, ``copyto``, an ufunc's ``out=``) do
-    nothing, as PyTorch's meta kernels of in-place fills; anything that
-    would compute from its values raises NotImplementedError naming the op,
-    so a meta tensor never yields numbers computed on the placeholder."""
-
-    shape_only = True  # read by backend.asnumpy, below this module
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        out = kwargs.get("out") or ()
-        if out and all(isinstance(o, MetaArray) for o in out):
-            return out[0] if len(out) == 1 else out  # an in-place op on meta: nothing to do
-        raise NotImplementedError(_no_data(f"{ufunc.__name__}" +
-                                           ("" if method == "__call__" else f".{method}")))
-
-    def __array_function__(self, func, types, args, kwargs):
-        if func is np.copyto and isinstance(args[0], MetaArray):
-            return None
-        raise NotImplementedError(_no_data(func.__name__))
-
-    def __getitem__(self, key):
-        out = super().__getitem__(key)  # a single element comes back a NumPy scalar
-        return out if isinstance(out, MetaArray) else meta_array(np.shape(out), self.dtype)
-
-    def __setitem__(self, key, value):
-        """A write into a meta tensor: no data to change."""
-
-    def fill(self, value):
-        """``fill_``/``zero_`` of a meta tensor: no data to change."""
-
-    def astype(self, dtype, *args, **kwargs):
-        return meta_array(self.shape, dtype)
-
-    def copy(self, order="C"):
-        return meta_array(self.shape, self.dtype)
-
-    def __copy__(self):
-        return self.copy()
-
-    def __deepcopy__(self, memo):  # copy.deepcopy of a meta model stays shape-only
-        return self.copy()
-
-    def item(self, *args):
-        raise NotImplementedError(_no_data("item"))
-
-    def tolist(self):
-        raise NotImplementedError(_no_data("tolist"))
-
-    def __reduce__(self):
-        raise NotImplementedError(_no_data("pickle"))
-
-
-def _no_data(op):
-    return (f"{op} on a tensor of the 'meta' device: it has a shape and a dtype but no data; "
-            "give it storage first (Module.to_empty(device=...) then reset_parameters() or "
-            "load_state_dict, or create the tensor on 'cpu'/'cuda')")
-
-
-def meta_array(shape, dtype):
-    """A ``MetaArray`` of this shape and dtype (zero bytes of storage)."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
-    if any(n < 0 for n in shape):
-        raise RuntimeError(f"Trying to create tensor with negative dimension: {shape}")
-    return np.broadcast_to(np.zeros((), dtype), shape).view(MetaArray)
-
-
-def is_meta_array(a):
-    return isinstance(a, MetaArray)
+__all__ = ["device", "default_device", "set_default_device", "get_default_device",
+           "device_of_array", "builds_on_meta", "MetaArray", "meta_array", "is_meta_array"]
 
 
 def builds_on_meta():

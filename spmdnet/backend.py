@@ -7,6 +7,8 @@ so importing spmdnet never needs CUDA.
 """
 import numpy as np
 
+from ._meta import meta_array
+
 _cupy = None
 _cupy_error = None
 _cupy_tried = False
@@ -81,7 +83,10 @@ def asnumpy(a):
 
 
 def to_device(a, device):
-    """Move an array to ``"cpu"`` or ``"gpu"`` (the current CuPy device)."""
+    """Move an array to ``"cpu"`` or ``"gpu"`` (the current CuPy device), or
+    to ``"meta"`` (its shape and dtype only)."""
+    if device == "meta":
+        return meta_array(a.shape, a.dtype)
     if device == "cpu":
         return asnumpy(a)
     if device == "gpu":

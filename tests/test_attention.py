@@ -9,6 +9,7 @@ import spmdnet.nn.functional as F
 from spmdnet import kernels, nn
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import attention as katt
+from spmdnet.ops.attention import ScaledDotProductAttention
 
 RNG = np.random.default_rng(0)
 
@@ -103,17 +104,19 @@ def test_philox_known_answer():
     assert [int(katt.philox(i, np.uint64(1), np.uint64(2))) for i in index] == list(words)
 
 
-def seed_after(seed):
-    """The dropout seed the op draws right after sn.manual_seed(seed)."""
+def keep_after(seed, shape, p):
+    """PyTorch's CPU mask right after sn.manual_seed(seed): bernoulli_(1 - p)
+    over the weights, one float64 uniform each (tests/test_attention_dropout_rng.py
+    holds PyTorch's own numbers)."""
     sn.manual_seed(seed)
-    return int(sn.random.generator().random64(1)[0]) >> 1
+    return (sn.rand(int(np.prod(shape)), dtype=sn.float64).numpy() < 1 - p).reshape(shape)
 
 
 @pytest.mark.parametrize("mode", ["numba", "xp"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dropout_forward_and_backward(mode, causal, float64):
     q, k, v, p = randn(2, 3, 6, 4), randn(2, 3, 6, 4), randn(2, 3, 6, 3), 0.3
-    keep = katt.dropout_keep(np, (6, 6, 6), range(6), seed_after(7), p).reshape(2, 3, 6, 6)
+    keep = keep_after(7, (2, 3, 6, 6), p)
     assert 0.4 < keep.mean() < 0.9
     with kernels.use(mode):
         sn.manual_seed(7)
@@ -127,17 +130,21 @@ def test_dropout_forward_and_backward(mode, causal, float64):
         assert gradcheck(fn, q, k, v)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_compiled_dropout_factors_equal_the_xp_mask(dtype):
-    """kernels.attention.dropout_factors (Philox compiled per element) keeps
-    exactly what dropout_keep keeps, scaled by 1 / (1 - p), for any block of
-    rows; p = 1 drops everything."""
-    for p, rows in [(0.1, range(0, 7)), (0.5, range(3, 9)), (1.0, range(2, 4))]:
-        keep = katt.dropout_keep(np, (3, 9, 11), rows, 2**40 + 17, p)
-        factors = katt.dropout_factors((3, 9, 11), rows, 2**40 + 17, p, np.dtype(dtype))
-        assert factors.dtype == dtype and factors.shape == keep.shape
-        inv = 0.0 if p >= 1 else 1 / (1 - p)
-        np.testing.assert_array_equal(factors, keep * dtype(inv))
+@pytest.mark.parametrize("causal", [False, True])
+def test_seeded_philox_dropout_forward_and_backward(causal, float64):
+    """The GPU's mask (a Philox stream from a seed, regenerated in backward),
+    run here through the op itself on NumPy arrays."""
+    q, k, v, p, seed = randn(2, 3, 6, 4), randn(2, 3, 6, 4), randn(2, 3, 6, 3), 0.3, 2**40 + 17
+    keep = katt.dropout_keep(np, (6, 6, 6), range(6), seed, p).reshape(2, 3, 6, 6)
+    assert 0.4 < keep.mean() < 0.9
+
+    def fn(a, b, c):
+        return ScaledDotProductAttention.apply(a, b, c, causal=causal, scale=0.5, dropout_p=p,
+                                               seed=seed, block_rows=4)
+    out = fn(*[sn.tensor(a) for a in (q, k, v)])
+    np.testing.assert_allclose(out.numpy(), np_sdpa(q, k, v, causal=causal, scale=0.5,
+                                                    keep=keep, p=p), rtol=1e-10, atol=1e-12)
+    assert gradcheck(fn, q, k, v)
 
 
 def test_dropout_rate_and_streams():
@@ -151,8 +158,8 @@ def test_dropout_rate_and_streams():
 
 @pytest.mark.parametrize("mode", ["numba", "xp"])
 def test_saves_no_scores(mode):
-    """Forward keeps q, k, v, the output and one statistic per row: no
-    (…, L, S) array, whatever the mask or dropout."""
+    """Forward keeps q, k, v, the output, one statistic per row and, with
+    dropout, the mask's bits: no (…, L, S) array, whatever the mask."""
     b, h, length, source, e = 2, 3, 11, 13, 4
     t = [sn.tensor(randn(b, h, n, e).astype(np.float32), requires_grad=True)
          for n in (length, source, source)]
@@ -166,7 +173,9 @@ def test_saves_no_scores(mode):
         lse = ctx.lse
         assert lse.shape == (b * h, length) and lse.dtype == np.float32
         saved = sum(a.nbytes for a in arrays)
-        assert saved <= sum(x.array.nbytes for x in t) + out.array.nbytes + lse.nbytes + 64
+        mask_bits = b * h * length * -(-source // 8) if kw.get("dropout_p") else 0
+        assert saved <= sum(x.array.nbytes for x in t) + out.array.nbytes + lse.nbytes + 64 \
+            + mask_bits
         out.sum().backward()
         assert all(x.grad.dtype == np.float32 for x in t)
 

@@ -26,13 +26,16 @@ CASES = [  # (x shape, w shape, padding, dilation, groups, loop pads)
     ((2, 6, 9, 8), (5, 6, 5, 5), 0, 1, 1, ((0, 0), (0, 0))),                # CIFAR conv2
     ((2, 3, 8, 7), (3, 3, 3, 3), 1, 1, 1, ((1, 1), (1, 1))),                # ResNet stem
     ((1, 4, 7, 9), (6, 2, 3, 4), 1, 1, 2, ((1, 1), (1, 1))),                # odd per group
+    ((2, 3, 7, 6), (9, 3, 3, 3), 1, 1, 1, ((1, 1), (1, 1))),                # 4 + 4 + 1 outputs
+    ((1, 2, 5, 6), (5, 2, 3, 3), 3, 1, 1, ((3, 3), (3, 3))),                # pad past k - 1
 ]
 
 
 @pytest.fixture
 def direct_calls(monkeypatch):
-    """How many times conv2d ran the direct forward and weight-gradient kernels."""
-    return count_steps(monkeypatch, "conv2d", ("direct_forward", "direct_weight_grad"))
+    """How many times conv2d ran the direct forward and gradient kernels."""
+    return count_steps(monkeypatch, "conv2d", ("direct_forward", "direct_weight_grad",
+                                               "direct_input_grad"))
 
 
 @pytest.mark.parametrize("xs,ws,padding,dilation,groups,pads", CASES)
@@ -52,7 +55,7 @@ def test_direct_matches_loops_and_finite_differences(float64, direct_calls, xs, 
         args = (x, w, b) if bias else (x, w)
         assert gradcheck(lambda x, w, b=None: F.conv2d(x, w, b, 1, padding, dilation, groups),
                          *args)
-    assert direct_calls["direct_forward"] > 0 and direct_calls["direct_weight_grad"] > 0
+    assert min(direct_calls.values()) > 0
 
 
 @pytest.mark.parametrize("xs,ws,padding,dilation,groups,pads", CASES)
@@ -73,7 +76,7 @@ def test_direct_float32_equals_gemm_path(direct_calls, xs, ws, padding, dilation
             results.append([out.numpy()] + [t.grad.numpy() for t in ts])
         if mode == "numba":  # the direct path ran, then the GEMM path alone
             assert direct_calls["direct_forward"] == 1
-            assert direct_calls["direct_weight_grad"] == 1
+            assert direct_calls["direct_weight_grad"] == direct_calls["direct_input_grad"] == 1
     assert direct_calls["direct_forward"] == 1
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
@@ -116,12 +119,13 @@ def test_direct_not_taken_elsewhere(direct_calls):
     x = sn.tensor(np.ones((1, 3, 9, 9), np.float32), requires_grad=True)
     F.conv2d(x, sn.ones(2, 3, 5, 5), stride=2).sum().backward()
     F.conv2d(x, sn.ones(2, 3, 2, 2), padding=1).sum().backward()
-    assert direct_calls == {"direct_forward": 0, "direct_weight_grad": 0}
+    assert direct_calls == {"direct_forward": 0, "direct_weight_grad": 0, "direct_input_grad": 0}
     with sn.kernels.use("numba"):  # the row's first kernel runs on the direct shape
         F.conv2d(x, sn.ones(2, 3, 5, 5)).sum().backward()  # no weight gradient asked
-        assert direct_calls == {"direct_forward": 1, "direct_weight_grad": 0}
-        F.conv2d(x, sn.ones(2, 3, 5, 5, requires_grad=True)).sum().backward()
-    assert direct_calls == {"direct_forward": 2, "direct_weight_grad": 1}
+        assert direct_calls == {"direct_forward": 1, "direct_weight_grad": 0,
+                                "direct_input_grad": 1}
+        F.conv2d(x.detach(), sn.ones(2, 3, 5, 5, requires_grad=True)).sum().backward()
+    assert direct_calls == {"direct_forward": 2, "direct_weight_grad": 1, "direct_input_grad": 1}
 
 
 @pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")

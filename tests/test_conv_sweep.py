@@ -34,7 +34,7 @@ DTYPES = [np.float32, np.float64]
 # sums (1e-6 relative at 1024 channels); float64 agrees to rounding
 TOLERANCE = {np.float32: 2e-5, np.float64: 1e-12}
 CONV_STEPS = ("winograd_forward", "winograd_backward", "direct_forward", "direct_weight_grad",
-              "col2im")
+              "direct_input_grad", "col2im")
 
 # (in channels, out channels, kernel, stride, padding, dilation, groups, image side, path)
 CONV_CASES = [
@@ -125,7 +125,8 @@ def test_conv2d_path_equals_xp(monkeypatch, dtype, case):
         assert calls["direct_forward"] == calls["col2im"] == 0
     elif path == "direct":
         assert calls["direct_forward"] == calls["direct_weight_grad"] == 1
-        assert calls["winograd_forward"] == 0 and calls["col2im"] == 1
+        assert calls["direct_input_grad"] == 1
+        assert calls["winograd_forward"] == 0 and calls["col2im"] == 0
     else:
         assert calls["winograd_forward"] == calls["direct_forward"] == 0
         assert calls["col2im"] == 1

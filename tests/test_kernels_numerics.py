@@ -183,8 +183,8 @@ def test_activation_wrappers_reject_bad_input():
     x = np.ones((2, 3), np.float32)
     with pytest.raises(ValueError, match="activation must be one of"):
         activation.forward(x, None, "swish")
-    with pytest.raises(ValueError, match=r"\['gelu', 'gelu_tanh'\] for the forward"):
-        activation.forward(x, None, "relu")  # relu's kernel works in place only
+    with pytest.raises(ValueError, match=r"\['relu', 'gelu', 'gelu_tanh'\] for the forward"):
+        activation.forward(x, None, "sigmoid")  # sigmoid: a backward kernel only
     with pytest.raises(ValueError, match="in-place forward kernels, got 'tanh'"):
         activation.forward(x, None, "tanh", inplace=True)
     with pytest.raises(ValueError, match="backward kernels, got 'tanh'"):

@@ -135,6 +135,7 @@ PLACES = {
        "spmdnet.serialization": "state"},  # task 24c: devices, amp, save/load
     **dict.fromkeys(["spmdnet.cli", "spmdnet.bench"], "tools"),
     "spmdnet._tensor_str": "leaves",  # task 23a: PyTorch's repr text (torch/_tensor_str.py)
+    "spmdnet._meta": "leaves",  # the meta device's shape-only arrays (_device re-exports)
 }
 # (importer prefix, imported prefix, why): PyTorch paths that sit lower in
 # PyTorch's tree than their implementation, reached lazily or by thin modules.
@@ -271,13 +272,36 @@ def test_no_modules_import_each_other_in_a_circle():
     functions too (issue 22 found creation.py <-> ops/ and nn.utils <->
     optim.clip): creation.py and ops/ share argument parsers through _args.py.
     Importing a package's module runs the package's __init__.py first, so
-    that is an arrow too; a module reaching its own package is not."""
-    edges = []
-    for importer, imported, _, _ in _import_graph():  # exempt arrows count too
+    that is an arrow too, to what that file imports as it runs ("P (running)":
+    its top-level imports; a name it resolves on first access, as
+    spmdnet.parallel's, is imported by whoever reads it); a module reaching its
+    own package is not."""
+    graph = _import_graph()
+    edges = [(f"{a} (running)", b) for a, b, _, lazy in graph if not lazy]
+    for importer, imported, _, _ in graph:  # exempt arrows count too
         parts = imported.split(".")
-        edges += [(importer, ".".join(parts[:n])) for n in range(2, len(parts) + 1)
-                  if not _within(importer, ".".join(parts[:n]))]
+        edges += [(importer, ".".join(parts[:n]) + ("" if n == len(parts) else " (running)"))
+                  for n in range(2, len(parts) + 1) if not _within(importer, ".".join(parts[:n]))]
     assert not _cycles(edges), f"import cycles: {_cycles(edges)}"
+
+
+def test_parallel_loads_nothing_and_names_the_pytorch_paths_objects():
+    """spmdnet.parallel's __init__ imports nothing as it runs (the data-parallel
+    and ZeRO modules import its _common); each name resolves on first access to
+    the one object defined at PyTorch's path."""
+    top = [b for a, b, _, lazy in _import_graph() if a == "spmdnet.parallel" and not lazy]
+    assert top == [], f"spmdnet/parallel/__init__.py imports {top} as it loads"
+    parallel = importlib.import_module("spmdnet.parallel")
+    ddp = importlib.import_module("spmdnet.nn.parallel.distributed")
+    zero = importlib.import_module("spmdnet.distributed.optim")
+    assert parallel.DataParallel is parallel.DistributedDataParallel is ddp.DistributedDataParallel
+    assert spmdnet.nn.parallel.DistributedDataParallel is ddp.DistributedDataParallel
+    assert parallel.allreduce_gradients is ddp.allreduce_gradients
+    assert parallel.ZeroRedundancyOptimizer is zero.ZeroRedundancyOptimizer
+    assert set(parallel.__all__) <= set(dir(parallel))
+    assert all(getattr(parallel, name) is not None for name in parallel.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'data_parallel'"):
+        parallel.data_parallel  # noqa: B018 - the access is the test
 
 
 def test_creation_and_ops_do_not_import_each_other():

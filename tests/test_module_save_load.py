@@ -10,6 +10,7 @@ import pytest
 
 import spmdnet as sn
 from spmdnet import nn
+from spmdnet.distributed.optim import ZeroRedundancyOptimizer
 from spmdnet.serialization import safe_globals
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torch_files"
@@ -41,6 +42,9 @@ def test_each_class_records_pytorchs_module_path():
     assert nn.Sequential.__module__ == "spmdnet.nn.modules.container"
     assert nn.Module.__module__ == "spmdnet.nn.modules.module"
     assert nn.DataParallel.__module__ == "spmdnet.nn.parallel.data_parallel"
+    assert nn.parallel.DistributedDataParallel.__module__ == "spmdnet.nn.parallel.distributed"
+    assert ZeroRedundancyOptimizer.__module__ == (
+        "spmdnet.distributed.optim.zero_redundancy_optimizer")
     assert nn.Parameter.__module__ == "spmdnet.nn.parameter"
 
 

@@ -96,16 +96,20 @@ def test_resnet_layer_float32_close_to_float64():
         assert np.abs(got - want).max() <= 2e-6 * scale
 
 
-@pytest.mark.parametrize("xs,o,padding", [((2, 32, 5, 6), 33, 1), ((3, 40, 4, 3), 32, (2, 0))])
-def test_wide_layers_match_loops_and_the_gemm_path(float64, xs, o, padding):
-    """From ``winograd_transforms.WIDE`` channels the transposes run along the
-    channels: the forward against the definition, the gradients against the
-    columns' GEMM path in float64, under the default policy and blocks."""
+@pytest.mark.parametrize("xs,o,padding,by_rows", [
+    ((2, 32, 5, 6), 33, 1, False), ((3, 40, 4, 3), 32, (2, 0), False),
+    ((2, 16, 5, 17), 17, 1, True), ((1, 17, 4, 18), 16, (0, 2), True)])
+def test_wide_layers_match_loops_and_the_gemm_path(float64, xs, o, padding, by_rows):
+    """Both transposes between NCHW and the channels-last rows (a pixel at a
+    time below ``winograd_transforms.ROWS_MIN_WIDTH``, a channel's image row
+    at a time from it; odd and even widths, left pads 0 to 2): the forward
+    against the definition, the gradients against the columns' GEMM path in
+    float64, under the default policy and blocks."""
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal(xs), rng.standard_normal((o, xs[1], 3, 3))
     pads = ((padding, padding), (padding, padding)) if isinstance(padding, int) else \
         ((padding[0], padding[0]), (padding[1], padding[1]))
-    assert min(xs[1], o) >= winograd_transforms.WIDE
+    assert (xs[3] >= winograd_transforms.ROWS_MIN_WIDTH) == by_rows
     assert dispatch.winograd_takes(w.shape, (1, 1), (1, 1), 1)
     results = []
     for mode in ("numba", "xp"):
@@ -202,15 +206,24 @@ def test_xp_mode_takes_no_winograd(winograd_everywhere):
 
 
 def test_transformed_weight_is_g_w_gt():
-    """U[4k + l, o, c] = (G w[o, c] Gᵀ)[k, l] for every (o, c): the one
-    Kronecker GEMM against the 3x3 products it replaces."""
+    """U[4k + l, o, c] = (G w[o, c] Gᵀ)[k, l] for every (o, c), and the
+    weight gradient's fold is its adjoint, Gᵀ dU G, overwriting or adding."""
     rng = np.random.default_rng(4)
     w = rng.standard_normal((3, 2, 3, 3))
     u = winograd.transformed_weight(w)
+    du = rng.standard_normal((16, 3, 2))
+    gw = np.full((3, 2 * 9), 7.0)
+    winograd_transforms.weight_grad(du.reshape(16, 6), gw, False)
+    twice = gw.copy()
+    winograd_transforms.weight_grad(du.reshape(16, 6), twice, True)
     for o in range(3):
         for c in range(2):
             np.testing.assert_allclose(u[:, o, c].reshape(4, 4),
                                        winograd.G @ w[o, c] @ winograd.G.T, atol=1e-14)
+            want = winograd.G.T @ du[:, o, c].reshape(4, 4) @ winograd.G
+            np.testing.assert_allclose(gw[o, 9 * c:9 * c + 9].reshape(3, 3), want, atol=1e-14)
+            np.testing.assert_allclose(twice[o, 9 * c:9 * c + 9].reshape(3, 3), 2 * want,
+                                       atol=1e-14)
 
 
 @pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")

@@ -2,6 +2,7 @@
 
 from .. import _precision
 from .._tensor import Tensor
+from . import meta
 from .grad_mode import is_grad_enabled
 
 
@@ -29,8 +30,11 @@ class Function:
         ctx = cls()
         record = is_grad_enabled() and any(t.requires_grad for t in inputs)
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs) if record else ()
-        # scalars: 0-d; bfloat16 and autocast: computed in float32, rounded (_precision.py)
-        result = Tensor(_precision.forward(ctx, [t.array for t in inputs], kwargs))
+        arrays = [t.array for t in inputs]
+        if meta.any_meta(arrays):  # shape-only inputs: a shape-only result (meta.py)
+            result = Tensor(meta.forward(ctx, arrays, kwargs, record))
+        else:  # scalars: 0-d; bfloat16 and autocast: in float32, rounded (_precision.py)
+            result = Tensor(_precision.forward(ctx, arrays, kwargs))
         if record:
             result._requires_grad = True
             result._ctx = ctx

@@ -96,18 +96,21 @@ class DeviceMesh:
         return None if self._coordinate is None else list(self._coordinate)
 
     def __getitem__(self, name):
+        """The sub-mesh of the named dimensions (in the mesh's order) through
+        this rank, e.g. ``mesh["dp_replicate", "dp_shard"]`` for HSDP."""
         names = (name,) if isinstance(name, str) else tuple(name)
-        if len(names) != 1:
-            raise NotImplementedError(f"DeviceMesh[{name!r}]: spmdnet slices one mesh "
-                                      "dimension at a time")
-        dim = self._dim(names[0])
+        dims = [self._dim(n) for n in names]
+        if not dims or sorted(set(dims)) != dims:
+            raise KeyError(f"DeviceMesh[{name!r}]: name distinct dimensions of "
+                           f"{self.mesh_dim_names} in the mesh's order")
         index = list(self._coordinate)
-        index[dim] = slice(None)
+        for dim in dims:
+            index[dim] = slice(None)
         sub = DeviceMesh.__new__(DeviceMesh)
         sub.device_type, sub.mesh = self.device_type, self.mesh[tuple(index)]
         sub.mesh_dim_names = names
-        sub._coordinate = (self._coordinate[dim],)
-        sub._groups = [self._groups[dim]]
+        sub._coordinate = tuple(self._coordinate[dim] for dim in dims)
+        sub._groups = [self._groups[dim] for dim in dims]
         return sub
 
     def __repr__(self):

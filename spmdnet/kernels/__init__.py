@@ -10,7 +10,8 @@ batch_norm     batch statistics, normalise (running    ops.batchnorm.BatchNorm,
                stats too), gradient sums, input grad   BatchNormEval (via norm)
 softmax        softmax fwd/bwd, log-sum-exp            ops.nn_ops.Softmax, ops.attention
 embedding      embedding backward (row scatter-add)    ops.nn_ops.Embedding
-attention      dropout factors (Philox per element)    ops.attention's dropout
+attention      Philox dropout mask (plain xp, no       ops.attention's dropout on a GPU
+               compiled kernel)
 optim_kernels  SGD and Adam/AdamW updates (maximize,    optim.SGD, optim.Adam
                amsgrad)
 special        float32 exp, erf for kernels;           the kernels above; ``erf_array``:
@@ -49,7 +50,7 @@ import time
 import numpy as np
 
 from .._tensor import get_default_dtype
-from . import _cache, activation, attention, compile_order, conv, conv_direct, embedding
+from . import _cache, activation, compile_order, conv, conv_direct, embedding
 from . import loss, norm, optim_kernels, pool, rnn_cell, softmax, winograd
 from ._cache import cache_dir
 from ._numba import compile_seconds
@@ -59,7 +60,7 @@ from .special import erf_array as erf
 __all__ = ["lookup", "use", "mode", "enabled", "TABLE", "erf", "warmup", "compile_seconds",
            "cache_dir", "compile_in_order"]
 
-_MODULES = (activation, attention, loss, norm, softmax, embedding, optim_kernels, conv,
+_MODULES = (activation, loss, norm, softmax, embedding, optim_kernels, conv,
             conv_direct, pool, rnn_cell, winograd)
 
 

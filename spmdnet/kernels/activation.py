@@ -10,8 +10,11 @@ What is saved works with the xp reference (``ops.unary.act_forward`` and
 ``act_backward``) too: the output for sigmoid; for relu the output (xp) or
 the mask output > 0 (a quarter of the bytes); (input, Φ(input)) for gelu,
 (input, tanh(...)) for gelu_tanh. Which ops use them: dispatch.py. tanh
-and sigmoid forward, tanh backward and an out-of-place relu forward had
-kernels that no table row took (NumPy's own loops were as fast): removed.
+and sigmoid forward and tanh backward had kernels that no table row took
+(NumPy's own loops were as fast): removed. The relu op's out-of-place
+forward is a kernel: NumPy 2.4's ``maximum`` (NaN-propagating) runs at a
+third of a plain copy's speed (0.17 against 0.04 ms on ResNet's 2 MB
+activation, 1 thread), and ``g * (y > 0)`` makes a mask first.
 """
 import functools
 import math
@@ -28,7 +31,7 @@ from ._target import check_target
 # fused linear layer's forward in place over the product (relu, gelu,
 # gelu_tanh), the gelu ops' forward, and backward (sigmoid's: the fused layer's).
 FORWARD_INPLACE = ("relu", "gelu", "gelu_tanh")
-FORWARD = ("gelu", "gelu_tanh")
+FORWARD = ("relu", "gelu", "gelu_tanh")
 BACKWARD = ("relu", "gelu", "gelu_tanh", "sigmoid")
 SAVES_INPUT = {"gelu", "gelu_tanh"}  # saved: (input, aux); the others: the output
 
@@ -135,10 +138,22 @@ def _grad_rows(g, saved, aux, gx, gb, with_aux, fn, c):  # the bias flag made a 
         _grad_map(g, saved, aux, gx, gb, with_aux, False, fn, c)
 
 
+@njit_inline
+def _relu_flat(x, out, c):
+    """out = relu(x) over 1-D arrays (one long loop: image rows can be 4 long)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = c[0] if v < c[0] else v
+
+
 # -- the kernels: one per activation, so that each loop is specialised to one
 # scalar function and vectorises, and a run compiles only what it uses -------------
 def _relu_forward_inplace(h, bias, aux, c):
     _map_inplace(h, bias, aux, _relu, c)
+
+
+def _relu_forward(x, out, c):
+    _relu_flat(x, out, c)
 
 
 def _gelu_forward(x, bias, out, aux, store_pre, c):
@@ -172,6 +187,7 @@ def _sigmoid_backward(g, saved, aux, gx, gb, c):
 
 
 _cpu = {("relu", "forward_inplace"): CpuKernel(_relu_forward_inplace),
+        ("relu", "forward"): CpuKernel(_relu_forward),
         ("gelu", "forward"): CpuKernel(_gelu_forward),
         ("gelu_tanh", "forward"): CpuKernel(_gelu_tanh_forward),
         ("relu", "backward"): CpuKernel(_relu_backward),
@@ -193,7 +209,7 @@ def forward(x, bias=None, activation="relu", inplace=False):
     ``inplace=True`` says x is a fresh C-contiguous buffer the caller owns
     (a product's output): out is x itself for relu, and for gelu x receives
     x + bias (``FORWARD_INPLACE``). Otherwise x is left untouched
-    (``FORWARD``: the gelu ops)."""
+    (``FORWARD``: the relu and gelu ops; relu saves its output)."""
     _check_step(activation, FORWARD_INPLACE if inplace else FORWARD,
                 "in-place forward" if inplace else "forward")
     check_target("activation", x, bias)
@@ -206,13 +222,20 @@ def forward(x, bias=None, activation="relu", inplace=False):
     b = bias if bias is not None else xp.empty(0, x.dtype)
     b = b if b.flags.c_contiguous else xp.ascontiguousarray(b)
     c = _constants(x.dtype)
-    if activation == "relu":  # in place; saves a boolean mask (out > 0): backward
+    if activation == "relu" and inplace:  # saves a boolean mask (out > 0): backward
         # then streams 1 byte per element instead of 4 (act_backward accepts it too)
         mask = xp.empty(x.shape, np.bool_)
         if x.size:
             x2 = reduce.rows(xp, x)
             _cpu["relu", "forward_inplace"](x2, b, mask.reshape(x2.shape), c)
         return x, mask
+    if activation == "relu":  # out of place (the relu op): saves the output
+        out = xp.empty(x.shape, x.dtype)
+        if x.size:
+            x2 = reduce.rows(xp, x)
+            x2 = x2 + b if bias is not None else x2
+            _cpu["relu", "forward"](x2.reshape(-1), out.reshape(-1), c)
+        return out, out
     out, aux = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)  # gelu, gelu_tanh
     if x.size == 0:
         return out, (x, aux)
@@ -255,6 +278,9 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
     c = _constants(g.dtype)
     g2, s2, gx2 = reduce.rows(xp, g), reduce.rows(xp, s), gx.reshape(-1, m)
     aux2 = reduce.rows(xp, aux) if aux is not None else gx2[:, :0]
+    if gb is None:  # no column sums: one long row (image rows can be 4 long)
+        g2, s2, gx2 = g2.reshape(1, -1), s2.reshape(1, -1), gx2.reshape(1, -1)
+        aux2 = aux2.reshape(1, -1) if aux is not None else gx2[:, :0]
     _cpu[activation, "backward"](g2, s2, aux2, gx2, gx2[0, :0] if gb is None else gb, c)
     return gx, gb
 

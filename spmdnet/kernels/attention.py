@@ -1,19 +1,16 @@
-"""Attention dropout: element (n, i, j) of the (N, L, S) probabilities is
-kept when the first word of Philox4x32-10 at counter n*L*S + i*S + j is at
-least ``threshold(p)``. ``philox`` is one plain body, run on NumPy or CuPy
-arrays by the xp path (``dropout_keep``) and compiled per element for
-``dropout_factors`` (dispatch.TABLE's ``attention_dropout`` row: not ~90
-uint64 array passes), so forward and backward regenerate the same mask
-instead of storing it. The op is ``spmdnet.ops.attention.ScaledDotProductAttention``.
+"""Attention dropout on a GPU: element (n, i, j) of the (N, L, S)
+probabilities is kept when the first word of Philox4x32-10 at counter
+n*L*S + i*S + j is at least ``threshold(p)``. ``philox`` is one plain body,
+run on CuPy (or NumPy) arrays by ``dropout_keep``, so forward and backward
+regenerate the same mask instead of storing it. On the CPU the op draws
+PyTorch's mask instead (MT19937, stored as bits), so no compiled kernel is
+left here. The op is ``spmdnet.ops.attention.ScaledDotProductAttention``.
 
 Row-at-a-time attention kernels (flash-attention style, no BLAS) measured
 1.2x (T=64) to 11x (T=1024) slower than the op's row-blocked xp path and
 were removed.
 """
 import numpy as np
-
-from ._cpu import CpuKernel
-from ._numba import njit_inline, prange
 
 M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 W0, W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
@@ -30,9 +27,6 @@ def philox(index, k0, k1):
         c0, c1, c2, c3 = (p1 >> S32) ^ c1 ^ k0, p1 & LOW, (p0 >> S32) ^ c3 ^ k1, p0 & LOW
         k0, k1 = (k0 + W0) & LOW, (k1 + W1) & LOW
     return c0
-
-
-_philox = njit_inline(philox)
 
 
 def keys(seed):
@@ -54,37 +48,3 @@ def dropout_keep(xp, shape, rows, seed, p):
              + xp.arange(source, dtype=u))
     k0, k1 = keys(seed)
     return philox(index, k0, k1) >= threshold(p)
-
-
-def _dropout_rows(factors, first_row, length, drop, inv_keep, k0, k1):
-    """factors[n, r, j] = inv_keep where element (n, first_row + r, j) of
-    the (N, length, S) probabilities is kept, else 0 (dropout_keep's mask,
-    scaled, without its dozens of uint64 array passes)."""
-    source = factors.shape[2]
-    zero = inv_keep - inv_keep  # 0 in the factors' dtype
-    for n in prange(factors.shape[0]):
-        for r in range(factors.shape[1]):
-            base = (n * length + first_row + r) * source
-            for j in range(source):
-                keep = _philox(np.uint64(base + j), k0, k1) >= drop
-                factors[n, r, j] = inv_keep if keep else zero
-
-
-_dropout_kernel = CpuKernel(_dropout_rows)
-
-
-def dropout_factors(shape, rows, seed, p, dtype):
-    """The kept-and-scaled factors (0 or 1 / (1 - p)) of rows ``rows`` of
-    the (N, L, S) probabilities, as ``dropout_keep`` decides, on the CPU."""
-    n, length, source = shape
-    factors = np.empty((n, len(rows), source), dtype)
-    inv = dtype.type(0.0 if p >= 1 else 1.0 / (1.0 - p))
-    k0, k1 = keys(seed)
-    if factors.size:
-        _dropout_kernel(factors, rows.start, length, threshold(p), inv, k0, k1)
-    return factors
-
-
-def warmup(dtype):
-    """Compile the dropout factors kernel for ``dtype``."""
-    dropout_factors((1, 2, 2), range(2), 0, 0.5, np.dtype(dtype))

@@ -1,6 +1,7 @@
 """Direct stride-1 convolution for ``ops.conv`` on few input channels per
-group: the forward and the weight gradient without columns (the input
-gradient, which needs no saved columns, stays ``ops.conv.columns_grad``).
+group: the forward, the input gradient (the same kernel over the padded
+output gradient with the weights flipped and transposed) and, in
+kernels/conv_direct_grad.py, the weight gradient, all without columns.
 
 Im2col copies every input element kh·kw times; with 3 or 6 input channels
 those columns (15 MB for the CIFAR Net's first layer at batch 64) cost more
@@ -10,41 +11,45 @@ the output element (oh, ow) reads the padded input plane, flattened, at
 ``oh·Wp + ow + i·dh·Wp + j·dw``, so one tap (c, i, j) is one contiguous
 axpy of length L = (Ho-1)·Wp + Wo over a flat accumulator (the columns
 ow >= Wo of each row are computed and dropped: (Wp-Wo)/Wp wasted work).
-The loops have no bounds tests and vectorise; two output channels of a
-group share each pass over an input row (each load feeds two multiply-adds).
-The weight gradient is a dot product per tap over the output gradient
-widened to Wp with zero columns (so the dropped columns add nothing; one
-sample's rows at a time, in an L1 buffer), a kernel row's taps for two
-output channels per pass.
+The loops have no bounds tests and vectorise; four output channels of a
+group share each pass over an input row (each load feeds four
+multiply-adds; two where the kernel is 5 wide, whose five-tap chain then
+keeps the weights in registers). The weight gradient is a dot product per
+tap over the output gradient widened to Wp with zero columns (so the
+dropped columns add nothing).
 
 Rounding: the forward contracts a·x + y into fused multiply-adds
-(fastmath "contract"), and the weight gradient's dot products are
-reassociated (fastmath "reassoc": LLVM splits each sum into vector lanes,
-10x an in-order float sum, which it cannot vectorise). Both are
-deterministic (a fixed order for a given build and shape), and their
-float32 results differ from the GEMM path's by float32 rounding only; the
-tests compare with tolerances. The GEMM path (ops.conv's columns) is the
-reference, and stays for every other shape and under
-``SPMDNET_KERNELS=xp``.
+(fastmath "contract"): each output is one chain from its accumulator,
+the taps in (c, i, j) order, whatever the number of channels per pass;
+the weight gradient's dot products are reassociated
+(kernels/conv_direct_grad.py). Both are deterministic (a fixed order for a
+given build and shape), and their float32 results differ from the GEMM
+path's by float32 rounding only; the tests compare with tolerances. The
+GEMM path (ops.conv's columns) is the reference, and stays for every other
+shape and under ``SPMDNET_KERNELS=xp``.
 
-Measured against the version before (a tap per pass, the weight
-gradient's products summed elementwise over the batch, then per tap), 1
-thread, kernel calls alone: CIFAR conv1 (3->6 5x5, b64) forward 1.25-1.6 ->
-1.2 ms, weight gradient 4.2 -> 1.1 ms; conv2 (6->16 5x5 on 14x14) 1.9-2.0
--> 1.2-1.4 and 2.8 -> 1.0-1.1 ms; the ResNet stem (3->16 3x3 pad 1, b32)
-1.1 -> 0.8-0.9 and 3.0-3.1 -> 0.74 ms; depthwise 3x3 (32 channels, 16x16,
-b32) 0.38 -> 0.38 and 0.7 -> 0.42 ms.
+Measured (1 thread, kernel calls alone, CPU time on a shared machine):
+four output channels per pass against two, ResNet's 3x3 layers at b32:
+16->16 on 32x32 1.42-1.51 against 1.80-1.96 ms (100-107 against 77-84
+GFLOP/s), 32->32 on 16x16 1.26-1.44 against 2.01-2.12 ms. Before, against
+a tap per pass: CIFAR conv1 (3->6 5x5, b64) forward 1.25-1.6 -> 1.2 ms;
+conv2 (6->16 5x5 on 14x14) 1.9-2.0 -> 1.2-1.4; the ResNet stem (3->16 3x3
+pad 1, b32) 1.1 -> 0.8-0.9 ms.
 """
 import numpy as np
 
 from ._cpu import CpuKernel
 from ._numba import njit_inline
 from ._target import check_target
+from .conv_direct_grad import _copy_row, weight_grad
+
+__all__ = ["padded_flat", "forward", "input_grad", "weight_grad", "warmup"]
 
 
 def _forward(xflat, weight, bias, out, acc, geom):
     """out[n, o] = bias[o] + the taps of weight[o] over xflat[n] (wide, then
-    cut); two output channels of a group per pass over the input rows."""
+    cut); four (or two) output channels of a group per pass over the input
+    rows."""
     wp, dh, dw, groups = geom
     batch = xflat.shape[0]
     channels_out, cg, kh, kw = weight.shape
@@ -55,23 +60,28 @@ def _forward(xflat, weight, bias, out, acc, geom):
         o = 0
         while o < channels_out:
             c0 = (o // og) * cg
-            pair = o + 1 < channels_out and (o + 1) // og == o // og
-            for k in range(2 if pair else 1):
+            left = og - o % og  # output channels left in this group
+            width = 4 if left >= 4 and kw != 5 else (2 if left >= 2 else 1)
+            for k in range(width):
                 b = bias[o + k]
                 for p in range(length):
                     acc[k, p] = b
-            for cc in range(cg):
-                for i in range(kh):
-                    row = xflat[n, c0 + cc, i * dh * wp:]
-                    if pair:
-                        _taps_pair(acc[0], acc[1], weight[o, cc, i], weight[o + 1, cc, i],
-                                   row, dw, length)
-                    else:
-                        _taps(acc[0], weight[o, cc, i], row, dw, length)
-            for k in range(2 if pair else 1):
+            if width == 4:  # its own loop nest: a branch per row cost 30% at 16x16
+                _quad(acc[0], acc[1], acc[2], acc[3], weight[o:o + 4], xflat[n], c0,
+                      (wp, dh, dw, length))
+            else:
+                for cc in range(cg):
+                    for i in range(kh):
+                        row = xflat[n, c0 + cc, i * dh * wp:]
+                        if width == 2:
+                            _taps_pair(acc[0], acc[1], weight[o, cc, i], weight[o + 1, cc, i],
+                                       row, dw, length)
+                        else:
+                            _taps(acc[0], weight[o, cc, i], row, dw, length)
+            for k in range(width):
                 for r in range(ho):
                     _copy_row(out[n, o + k, r], acc[k, r * wp:], wo)
-            o += 2 if pair else 1
+            o += width
 
 
 @njit_inline
@@ -132,173 +142,44 @@ def _axpy3_pair(acc0, acc1, w0, w1, src, step, length):
         acc1[p] = acc1[p] + b0 * x0 + b1 * x1 + b2 * x2
 
 
-def _weight_grad(xflat, g, gw, wide, geom):
-    """gw[o, c, i, j] = sum over n and p of wide_g[n, o, p] · xflat[n, c, p +
-    i·dh·Wp + j·dw], where wide_g is g's (Ho, Wo) plane as rows of Wp with
-    zero columns past Wo (built per sample in ``wide``, in L1): a dot
-    product per tap, a kernel row's taps for two output channels of a group
-    in one pass over the input row (each load feeds several multiply-adds).
-    Compiled with reassociation: the sums vectorise in lanes.
-
-    Those zero columns meet input columns no window of theirs reads: an inf
-    or NaN there would add 0·inf = NaN to taps the GEMM path leaves finite.
-    An input with any non-finite element takes dot products row by row
-    (Wo long: slower, only the windows' own terms) instead."""
-    wp, dh, dw, groups, length = geom
-    batch, _, ho, wo = g.shape
-    channels_out, cg, kh, kw = gw.shape
-    og = channels_out // groups
-    zero = gw.dtype.type(0)
-    by_row = _has_nonfinite(xflat)
-    for o in range(channels_out):
-        for cc in range(cg):
-            for i in range(kh):
-                for j in range(kw):
-                    gw[o, cc, i, j] = zero
-    for k in range(2):
-        for p in range(wide.shape[1]):
-            wide[k, p] = zero  # the columns past Wo stay zero
-    o = 0
-    while o < channels_out:
-        c0 = (o // og) * cg
-        pair = o + 1 < channels_out and (o + 1) // og == o // og
-        for n in range(batch):
-            if by_row:
-                _weight_grad_rows(xflat[n], g[n], gw, o, c0, pair, geom)
-                continue
-            for k in range(2 if pair else 1):
-                for r in range(ho):
-                    _copy_row(wide[k, r * wp:], g[n, o + k, r], wo)
-            for cc in range(cg):
-                for i in range(kh):
-                    row = xflat[n, c0 + cc, i * dh * wp:]
-                    if pair:
-                        _dots_pair(gw[o, cc, i], gw[o + 1, cc, i], wide[0], wide[1], row, dw,
-                                   length)
-                    else:
-                        _dots(gw[o, cc, i], wide[0], row, dw, length)
-        o += 2 if pair else 1
-
-
 @njit_inline
-def _has_nonfinite(xflat):
-    """True when xflat holds an inf or NaN (an integer count: it vectorises)."""
-    flat = xflat.ravel()
-    inf = flat.dtype.type(np.inf)
-    bad = 0
-    for p in range(flat.shape[0]):
-        bad += not (abs(flat[p]) < inf)
-    return bad > 0
-
-
-@njit_inline
-def _weight_grad_rows(x_n, g_n, gw, o, c0, pair, geom):
-    """One sample's terms of output channel o (and o + 1 with pair) added
-    into gw, one output row at a time: only the windows' own columns."""
-    wp, dh, dw, _, _ = geom
-    ho, wo = g_n.shape[1], g_n.shape[2]
-    cg, kh = gw.shape[1], gw.shape[2]
+def _quad(acc0, acc1, acc2, acc3, w, x_n, c0, geom):
+    """Four output channels' taps w (4, C/G, kh, kw) over the sample x_n from
+    channel c0: ``_taps_pair``'s groups of taps (three, then one by one),
+    each input load feeding four multiply-adds."""
+    wp, dh, dw, length = geom
+    cg, kh, kw = w.shape[1], w.shape[2], w.shape[3]
     for cc in range(cg):
         for i in range(kh):
-            for r in range(ho):
-                row = x_n[c0 + cc, (r + i * dh) * wp:]
-                if pair:
-                    _dots_pair(gw[o, cc, i], gw[o + 1, cc, i], g_n[o, r], g_n[o + 1, r], row,
-                               dw, wo)
-                else:
-                    _dots(gw[o, cc, i], g_n[o, r], row, dw, wo)
+            row = x_n[c0 + cc, i * dh * wp:]
+            for j in range(0, kw - 2, 3):
+                _axpy3_quad(acc0, acc1, acc2, acc3, w[:, cc, i, j:], row[j * dw:], dw, length)
+            for j in range(kw - kw % 3, kw):
+                _axpy1_quad(acc0, acc1, acc2, acc3, w[:, cc, i, j], row[j * dw:], length)
 
 
 @njit_inline
-def _dots(dest, g, row, dw, length):
-    """dest[j] += the dot product of g with row shifted by j·dw, every j,
-    three taps per pass."""
-    kw = dest.shape[0]
-    for j in range(0, kw - 2, 3):
-        s0, s1, s2 = _dot3(g, row[j * dw:], dw, length)
-        dest[j] += s0
-        dest[j + 1] += s1
-        dest[j + 2] += s2
-    for j in range(kw - kw % 3, kw):
-        dest[j] += _dot(g, row[j * dw:], length)
-
-
-@njit_inline
-def _dots_pair(dest0, dest1, g0, g1, row, dw, length):
-    """``_dots`` for two output channels' rows g0, g1 over one input row."""
-    kw = dest0.shape[0]
-    done = 0
-    if kw == 5:
-        s = _dot5_pair(g0, g1, row, dw, length)
-        for k in range(5):
-            dest0[k] += s[k]
-            dest1[k] += s[5 + k]
-        done = 5
-    for j in range(done, kw - 2, 3):
-        s = _dot3_pair(g0, g1, row[j * dw:], dw, length)
-        for k in range(3):
-            dest0[j + k] += s[k]
-            dest1[j + k] += s[3 + k]
-    for j in range(kw - (kw - done) % 3, kw):
-        dest0[j] += _dot(g0, row[j * dw:], length)
-        dest1[j] += _dot(g1, row[j * dw:], length)
-
-
-@njit_inline
-def _dot(a, b, length):
-    total = a.dtype.type(0)
+def _axpy1_quad(acc0, acc1, acc2, acc3, w, src, length):
+    a, b, c, d = w[0], w[1], w[2], w[3]
     for p in range(length):
-        total += a[p] * b[p]
-    return total
+        x = src[p]
+        acc0[p] += a * x
+        acc1[p] += b * x
+        acc2[p] += c * x
+        acc3[p] += d * x
 
 
 @njit_inline
-def _dot3(g, src, step, length):
+def _axpy3_quad(acc0, acc1, acc2, acc3, w, src, step, length):
+    a0, a1, a2, b0, b1, b2 = w[0, 0], w[0, 1], w[0, 2], w[1, 0], w[1, 1], w[1, 2]
+    c0, c1, c2, d0, d1, d2 = w[2, 0], w[2, 1], w[2, 2], w[3, 0], w[3, 1], w[3, 2]
     src0, src1, src2 = src[0:], src[step:], src[2 * step:]
-    s0 = s1 = s2 = g.dtype.type(0)
-    for p in range(length):
-        v = g[p]
-        s0 += v * src0[p]
-        s1 += v * src1[p]
-        s2 += v * src2[p]
-    return s0, s1, s2
-
-
-@njit_inline
-def _dot3_pair(g0, g1, src, step, length):
-    src0, src1, src2 = src[0:], src[step:], src[2 * step:]
-    s0 = s1 = s2 = t0 = t1 = t2 = g0.dtype.type(0)
     for p in range(length):
         x0, x1, x2 = src0[p], src1[p], src2[p]
-        u, v = g0[p], g1[p]
-        s0 += u * x0
-        s1 += u * x1
-        s2 += u * x2
-        t0 += v * x0
-        t1 += v * x1
-        t2 += v * x2
-    return s0, s1, s2, t0, t1, t2
-
-
-@njit_inline
-def _dot5_pair(g0, g1, src, step, length):
-    src0, src1, src2 = src[0:], src[step:], src[2 * step:]
-    src3, src4 = src[3 * step:], src[4 * step:]
-    s0 = s1 = s2 = s3 = s4 = t0 = t1 = t2 = t3 = t4 = g0.dtype.type(0)
-    for p in range(length):
-        x0, x1, x2, x3, x4 = src0[p], src1[p], src2[p], src3[p], src4[p]
-        u, v = g0[p], g1[p]
-        s0 += u * x0
-        s1 += u * x1
-        s2 += u * x2
-        s3 += u * x3
-        s4 += u * x4
-        t0 += v * x0
-        t1 += v * x1
-        t2 += v * x2
-        t3 += v * x3
-        t4 += v * x4
-    return s0, s1, s2, s3, s4, t0, t1, t2, t3, t4
+        acc0[p] = acc0[p] + a0 * x0 + a1 * x1 + a2 * x2
+        acc1[p] = acc1[p] + b0 * x0 + b1 * x1 + b2 * x2
+        acc2[p] = acc2[p] + c0 * x0 + c1 * x1 + c2 * x2
+        acc3[p] = acc3[p] + d0 * x0 + d1 * x1 + d2 * x2
 
 
 @njit_inline
@@ -323,15 +204,7 @@ def _axpy5(dest, taps, src, step, length):
         dest[p] += ((a0 * src0[p] + a1 * src1[p]) + (a2 * src2[p] + a3 * src3[p])) + a4 * src4[p]
 
 
-@njit_inline
-def _copy_row(dest, src, length):
-    for k in range(length):
-        dest[k] = src[k]
-
-
 _forward_kernel = CpuKernel(_forward, fastmath={"contract"})
-# the module docstring: contracted multiply-adds, reassociated dot products
-_weight_grad_kernel = CpuKernel(_weight_grad, fastmath={"reassoc", "contract"})
 
 
 def padded_flat(x, kernel, pads, dilation, out_hw):
@@ -357,31 +230,38 @@ def forward(xflat, wp, weight, bias, out_hw, dilation, groups):
     weight = np.ascontiguousarray(weight)
     bias = np.zeros(o, weight.dtype) if bias is None else np.ascontiguousarray(bias)
     out = np.empty((n, o, ho, wo), weight.dtype)
-    acc = np.empty((2, (ho - 1) * wp + wo), weight.dtype)
+    acc = np.empty((4, (ho - 1) * wp + wo), weight.dtype)
     _forward_kernel(xflat, weight, bias, out, acc, (int(wp), int(dilation[0]),
                                                     int(dilation[1]), int(groups)))
     return out
 
 
-def weight_grad(xflat, wp, g, weight_shape, dilation, groups):
-    """The weight gradient (O, C/G, kh, kw) from ``padded_flat``'s input and
-    the output gradient g (N, O, Ho, Wo) (widened to Wp inside the kernel, a
-    sample at a time in an L1 buffer): stride 1, so each
-    tap's dot product runs over L = (Ho-1)·Wp + Wo elements."""
-    check_target("conv", xflat, g)
-    g = np.ascontiguousarray(g)
-    ho, wo = g.shape[2], g.shape[3]
-    gw = np.empty(weight_shape, g.dtype)
-    wide = np.empty((2, ho * wp), g.dtype)
-    _weight_grad_kernel(xflat, g, gw, wide, (int(wp), int(dilation[0]), int(dilation[1]),
-                                             int(groups), int((ho - 1) * wp + wo)))
-    return gw
+
+def input_grad(g, weight, in_hw, pads, dilation, groups):
+    """The input gradient (N, C, H, W) of the stride-1 convolution whose
+    output gradient is g (N, O, Ho, Wo): ``forward`` over g padded by
+    d·(k-1) - pad before each axis (cropped where the padding was larger),
+    with the weight flipped in both axes and its (O, C/G) transposed per
+    group."""
+    check_target("conv", g, weight)
+    o, cg, kh, kw = weight.shape
+    og = o // groups
+    (top, _), (left, _) = pads
+    dh, dw = dilation
+    top, left = dh * (kh - 1) - top, dw * (kw - 1) - left
+    g = g[:, :, max(-top, 0):, max(-left, 0):]
+    flipped = weight[:, :, ::-1, ::-1].reshape(groups, og, cg, kh, kw).transpose(0, 2, 1, 3, 4)
+    flipped = np.ascontiguousarray(flipped).reshape(groups * cg, og, kh, kw)
+    gflat, wp = padded_flat(g, (kh, kw), ((max(top, 0), 0), (max(left, 0), 0)), dilation,
+                            in_hw)
+    return forward(gflat, wp, flipped, None, in_hw, dilation, groups)
 
 
 def warmup(dtype):
     """Compile the CPU kernels for ``dtype``."""
-    x = np.ones((1, 2, 3, 3), dtype)
-    w = np.ones((2, 1, 2, 2), dtype)
-    xflat, wp = padded_flat(x, (2, 2), ((0, 0), (0, 0)), (1, 1), (2, 2))
-    out = forward(xflat, wp, w, None, (2, 2), (1, 1), 2)
-    weight_grad(xflat, wp, out, w.shape, (1, 1), 2)
+    x = np.ones((1, 4, 3, 3), dtype)
+    for w in (np.ones((4, 2, 2, 2), dtype), np.ones((8, 1, 2, 2), dtype)):
+        xflat, wp = padded_flat(x, (2, 2), ((0, 0), (0, 0)), (1, 1), (2, 2))
+        out = forward(xflat, wp, w, None, (2, 2), (1, 1), 4 // w.shape[1])
+        weight_grad(xflat, wp, out, w.shape, (1, 1), 4 // w.shape[1])
+        input_grad(out, w, (3, 3), ((0, 0), (0, 0)), (1, 1), 4 // w.shape[1])

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import config
-from . import activation, attention, conv, conv_direct, embedding, loss, norm, optim_kernels
+from . import activation, conv, conv_direct, embedding, loss, norm, optim_kernels
 from . import pool, rnn_cell, winograd
 from . import softmax
 from ._numba import available
@@ -73,13 +73,16 @@ def _fused(name, steps=("forward", "backward")):
     return {step: kernels[step] for step in steps}
 
 
-# Every op that asks, with its kernels. No kernel: relu's and tanh's forward
-# are one NumPy pass already; their backward and sigmoid's without a bias are
+# Every op that asks, with its kernels. No kernel: tanh's forward is one
+# NumPy pass already; its backward and sigmoid's without a bias are
 # memory-bound passes that gain 1.4-2x; tanh and sigmoid forward use tanh or
 # exp, which NumPy's AVX-512 loops compute faster than special.py (those
-# kernels were removed: a kernel no row reaches is dead code).
+# kernels were removed: a kernel no row reaches is dead code). relu: NumPy
+# 2.4's maximum and g * (y > 0) measured 3-4x and 2.4-3x slower than the
+# kernels on ResNet-18's activations (b32, 16x32x32 to 128x4x4, 1 thread:
+# forward 0.165 against 0.043 ms, backward 0.126 against 0.052 at 16x32x32).
 TABLE = {
-    "relu": Rule({}),
+    "relu": Rule(_activation("relu")),
     "tanh": Rule({}),
     "sigmoid": Rule({}),
     "gelu": Rule(_activation("gelu")),
@@ -104,9 +107,8 @@ TABLE = {
     "embedding": Rule({"backward": embedding.backward}),
     # row-at-a-time attention kernels (no BLAS) measured 1.2x (T=64) to 11x
     # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py):
-    # removed; the op asks only for its dropout factors and softmax rows
-    # the op's dropout factors: Philox per element compiled, not ~90 uint64 array passes
-    "attention_dropout": Rule({"forward": attention.dropout_factors}),
+    # removed; the op asks only for softmax rows (its CPU dropout mask is
+    # PyTorch's MT19937 draws, so the compiled Philox factors were removed too)
     # benchmarks/cnn_step.py shapes, 1 thread: col2im of (C, kh, kw, N, Ho, Wo) columns,
     # one plane at a time, 3.5 against 7.3-8.5 ms on ResNet's 16-channel layer (the
     # input gradient of Conv2d and the forward of ConvTranspose2d); max pooling 0.2-0.3
@@ -122,13 +124,14 @@ TABLE = {
     # against 12.7-13.6 (best of 11, the machine shared).
     "conv2d": Rule({"col2im": conv.col2im, "direct_forward": conv_direct.forward,
                     "direct_weight_grad": conv_direct.weight_grad,
+                    "direct_input_grad": conv_direct.input_grad,
                     "winograd_forward": winograd.forward,
                     "winograd_backward": winograd.backward}),
     "max_pool2d": Rule({"forward": pool.max_pool_forward}),
-    # nn.LSTM's recurrence, the xp code's bits in fewer passes: per forward step (N 20,
-    # H 200, float32) the pointwise part 10 against 20 us; the op (T 35) forward +
-    # backward 6.4 against 7.7 ms CPU time, float64 12.0 against 14.2 (1 thread)
-    "lstm": Rule({"forward": rnn_cell.forward, "backward": rnn_cell.backward}),
+    # nn.LSTM's recurrence in float32, one kernel per step (rnn_cell.takes): per step
+    # (N 20, H 200) the pointwise part forward 6.4 against NumPy's 20 us, backward 3.6
+    # against 9 (1 thread); float64 runs the xp code (NumPy's tanh)
+    "lstm": Rule({"forward": rnn_cell.forward, "backward": rnn_cell.backward}, rnn_cell.takes),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),
     "adam": Rule({"update": optim_kernels.adam_update}, _contiguous),
 }

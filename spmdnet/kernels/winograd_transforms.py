@@ -5,23 +5,16 @@ input gradient's, each over a block of whole images, channels-last inside
 from ._cpu import CpuKernel
 from ._numba import njit_inline
 
-# From this many channels the transposes between NCHW and the channels-last
-# rows run along the channels (strided reads or writes, one loop per pixel);
-# below it along the image rows. Measured on the input's (blocks of ResNet-18's
-# layers): 16.6 against 24.8 us at 16 channels, 36 against 16 at 32, 82
-# against 21 at 128.
-WIDE = 32
-
-# Those transposes read or write one value per channel a plane apart; planes
-# a multiple of 4 KiB apart (32x32 float32) fall in one L1 set (64 sets of 64
-# bytes here, 12 ways), so past about 16 lines a set (channels x the plane's
-# bytes, up to 4 KiB, over 64 KiB) the transposes run CHANNEL_BLOCK channels
-# at a time. Measured forward + backward, b32, 1 thread, CPU time: 64
-# channels at 32x32 45 against 70 ms (the transforms 24 against 53), 128 at
-# 16x16 30.0 against 32.3; at 32 channels 16x16 and 256 at 8x8 blocks were
-# 10-30% slower.
-CHANNEL_BLOCK = 8
-ALIASED_BYTES = 65536
+# The transposes between NCHW and the channels-last rows, an image row at a
+# time (``_image_row_to``, ``_image_row_from``): from this width, one
+# channel's run of the row against every C-th value of the padded row (in
+# L1 while all channels pass); below it, a pixel at a time along the
+# channels (runs of 2 or 4 values a channel cost more there). Measured (b32,
+# 1 thread, CPU time, the input transform's whole pass): 64 channels at
+# 32x32 2.1 against 3.5-4.2 ms for the pixel loop (then blocked 8 channels
+# at a time: the planes, 4 KiB apart, share one L1 set), 128 at 16x16 0.8
+# against 1.7; 256 at 8x8 0.65 against 0.49, 512 at 4x4 0.35 against 0.19.
+ROWS_MIN_WIDTH = 16
 
 
 def _input_transform(x, xt, v, rows, geom):
@@ -37,31 +30,8 @@ def _input_transform(x, xt, v, rows, geom):
     span = tiles_w * channels
     r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
     for n in range(batch):
-        # to channels-last (its border stays zero)
-        if channels >= WIDE:
-            flat = x[n].reshape(channels * h * w)
-            if _aliased(channels, h * w * x.itemsize):
-                for c0 in range(0, channels, CHANNEL_BLOCK):
-                    c1 = min(channels, c0 + CHANNEL_BLOCK)
-                    for r in range(h):
-                        for s in range(w):
-                            dest = xt[n, top + r, _column(left + s, half, channels):]
-                            src = flat[r * w + s:]
-                            for c in range(c0, c1):
-                                dest[c] = src[c * h * w]
-            else:
-                for r in range(h):
-                    for s in range(w):
-                        dest = xt[n, top + r, _column(left + s, half, channels):]
-                        src = flat[r * w + s:]
-                        for c in range(channels):
-                            dest[c] = src[c * h * w]
-        else:
-            for c in range(channels):
-                for r in range(h):
-                    src, dest = x[n, c, r], xt[n, top + r]
-                    for s in range(w):
-                        dest[_column(left + s, half, channels) + c] = src[s]
+        for r in range(h):  # to channels-last (its border stays zero)
+            _image_row_to(x[n], r, xt[n, top + r], left, half)
         for a in range(tiles_h):
             d0, d1 = xt[n, 2 * a], xt[n, 2 * a + 1]
             d2, d3 = xt[n, 2 * a + 2], xt[n, 2 * a + 3]
@@ -84,17 +54,71 @@ def _input_transform(x, xt, v, rows, geom):
 
 
 @njit_inline
-def _aliased(channels, plane_bytes):
-    """True when a transpose runs CHANNEL_BLOCK channels a pass (ALIASED_BYTES)."""
-    return channels * min(plane_bytes, 4096) > ALIASED_BYTES
-
-
-@njit_inline
 def _column(col, half, channels):
     """Where padded column ``col`` starts in a channels-last row stored as
     its even columns, then its odd ones: every tile's columns are then a
     fixed offset from a run of tiles (one long loop, no interleaving)."""
     return (col % 2) * half + (col // 2) * channels
+
+
+@njit_inline
+def _to_rows(src, row, first, half, channels, c):
+    """row[_column(first + s, half, channels) + c] = src[s] for every s: the
+    even columns' values a channel stride apart, then the odd ones'."""
+    width = src.shape[0]
+    s0 = first % 2  # the first s on an even padded column
+    even = row[((first + s0) // 2) * channels + c:]
+    for j in range((width - s0 + 1) // 2):
+        even[j * channels] = src[s0 + 2 * j]
+    s1 = 1 - s0
+    odd = row[half + ((first + s1) // 2) * channels + c:]
+    for j in range((width - s1 + 1) // 2):
+        odd[j * channels] = src[s1 + 2 * j]
+
+
+@njit_inline
+def _from_rows(row, dest, first, half, channels, c):
+    """dest[s] = row[_column(first + s, half, channels) + c] for every s (the
+    adjoint gather of ``_to_rows``)."""
+    width = dest.shape[0]
+    s0 = first % 2
+    even = row[((first + s0) // 2) * channels + c:]
+    for j in range((width - s0 + 1) // 2):
+        dest[s0 + 2 * j] = even[j * channels]
+    s1 = 1 - s0
+    odd = row[half + ((first + s1) // 2) * channels + c:]
+    for j in range((width - s1 + 1) // 2):
+        dest[s1 + 2 * j] = odd[j * channels]
+
+
+@njit_inline
+def _image_row_to(image, r, row, first, half):
+    """Row r of every channel of image (C, H, W) to the channels-last row:
+    row[_column(first + s, half, C) + c] = image[c, r, s]."""
+    channels, width = image.shape[0], image.shape[2]
+    if width >= ROWS_MIN_WIDTH:
+        for c in range(channels):
+            _to_rows(image[c, r], row, first, half, channels, c)
+    else:
+        for s in range(width):
+            dest = row[_column(first + s, half, channels):]
+            for c in range(channels):
+                dest[c] = image[c, r, s]
+
+
+@njit_inline
+def _image_row_from(row, image, r, first, half):
+    """The adjoint of ``_image_row_to``: image[c, r, s] = row[_column(first +
+    s, half, C) + c]."""
+    channels, width = image.shape[0], image.shape[2]
+    if width >= ROWS_MIN_WIDTH:
+        for c in range(channels):
+            _from_rows(row, image[c, r], first, half, channels, c)
+    else:
+        for s in range(width):
+            src = row[_column(first + s, half, channels):]
+            for c in range(channels):
+                image[c, r, s] = src[c]
 
 
 def _output_transform(m, bias, out, sums, rows):
@@ -119,32 +143,12 @@ def _output_transform(m, bias, out, sums, rows):
                 for q in range(span):
                     even[q] = s0[q] + s1[q] + s2[q]
                     odd[q] = s1[q] - s2[q] - s3[q]
-            # back to NCHW, with the bias
-            if channels >= WIDE:
-                flat = out[n].reshape(channels * ho * wo)
-                if _aliased(channels, ho * wo * out.itemsize):
-                    for o0 in range(0, channels, CHANNEL_BLOCK):
-                        o1 = min(channels, o0 + CHANNEL_BLOCK)
-                        for i in range(min(2, ho - 2 * a)):
-                            for s in range(wo):
-                                src = rows[i, _column(s, span, channels):]
-                                dest = flat[(2 * a + i) * wo + s:]
-                                for o in range(o0, o1):
-                                    dest[o * ho * wo] = src[o] + bias[o]
-                else:
-                    for i in range(min(2, ho - 2 * a)):
-                        for s in range(wo):
-                            src = rows[i, _column(s, span, channels):]
-                            dest = flat[(2 * a + i) * wo + s:]
-                            for o in range(channels):
-                                dest[o * ho * wo] = src[o] + bias[o]
-            else:
+            for i in range(min(2, ho - 2 * a)):  # back to NCHW, then the bias
+                _image_row_from(rows[i], out[n], 2 * a + i, 0, span)
                 for o in range(channels):
-                    b0 = bias[o]
-                    for i in range(min(2, ho - 2 * a)):
-                        src, dest = rows[i], out[n, o, 2 * a + i]
-                        for s in range(wo):
-                            dest[s] = src[_column(s, span, channels) + o] + b0
+                    dest, b0 = out[n, o, 2 * a + i], bias[o]
+                    for s in range(wo):
+                        dest[s] += b0
 
 
 def _grad_transform(g, dm, rows):
@@ -164,31 +168,8 @@ def _grad_transform(g, dm, rows):
             if 2 * a + 1 == ho:  # past the last row: zero
                 for q in range(length):
                     g1[q] = 0
-            # rows 2a, 2a+1 to channels-last, even/odd
-            if channels >= WIDE:
-                flat = g[n].reshape(channels * ho * wo)
-                if _aliased(channels, ho * wo * g.itemsize):
-                    for o0 in range(0, channels, CHANNEL_BLOCK):
-                        o1 = min(channels, o0 + CHANNEL_BLOCK)
-                        for i in range(min(2, ho - 2 * a)):
-                            for s in range(wo):
-                                dest = rows[4 + i, _column(s, span, channels):]
-                                src = flat[(2 * a + i) * wo + s:]
-                                for o in range(o0, o1):
-                                    dest[o] = src[o * ho * wo]
-                else:
-                    for i in range(min(2, ho - 2 * a)):
-                        for s in range(wo):
-                            dest = rows[4 + i, _column(s, span, channels):]
-                            src = flat[(2 * a + i) * wo + s:]
-                            for o in range(channels):
-                                dest[o] = src[o * ho * wo]
-            else:
-                for o in range(channels):
-                    for i in range(min(2, ho - 2 * a)):
-                        src, dest = g[n, o, 2 * a + i], rows[4 + i]
-                        for s in range(wo):
-                            dest[_column(s, span, channels) + o] = src[s]
+            for i in range(min(2, ho - 2 * a)):  # rows 2a, 2a+1 to channels-last
+                _image_row_to(g[n], 2 * a + i, rows[4 + i], 0, span)
             for q in range(length):  # A g: rows (g0, g0 + g1, g0 - g1, -g1)
                 r0[q] = g0[q]
                 r1[q] = g0[q] + g1[q]
@@ -252,33 +233,96 @@ def _input_grad(dv, gx, plane, rows, geom):
                 p2[q] += r2[q] + r1[q] - r0[q]
             for q in range(length):
                 p3[q] -= r3[q]
-        if channels >= WIDE:  # back to NCHW
-            flat = gx[n].reshape(channels * h * w)
-            if _aliased(channels, h * w * gx.itemsize):
-                for c0 in range(0, channels, CHANNEL_BLOCK):
-                    c1 = min(channels, c0 + CHANNEL_BLOCK)
-                    for r in range(h):
-                        for s in range(w):
-                            src = plane[top + r, _column(left + s, half, channels):]
-                            dest = flat[r * w + s:]
-                            for c in range(c0, c1):
-                                dest[c * h * w] = src[c]
+        for r in range(h):  # back to NCHW
+            _image_row_from(plane[top + r], gx[n], r, left, half)
+
+
+def _weight_transform(w, u):
+    """u[4i + j, o·C + c] = (G w[o, c] Gᵀ)[i, j] for w (O, C·9) (the 3x3
+    kernels flattened): G's rows (1, 0, 0), ½(1, 1, 1), ½(1, -1, 1), (0, 0,
+    1) applied to the kernel's columns, then to the rows of that. The (16, 9)
+    matrix kron(G, G) against the weights as one GEMM of inner size 9 took
+    2.3 ms at 512 x 512 channels, this 1.8 (memory-bound there). Halving is
+    exact, so only the sums' order rounds."""
+    outs, ins = w.shape[0], w.shape[1] // 9
+    half = w.dtype.type(0.5)
+    for o in range(outs):
+        p = w[o]
+        u0, u1, u2, u3 = u[0, o * ins:], u[1, o * ins:], u[2, o * ins:], u[3, o * ins:]
+        u4, u5, u6, u7 = u[4, o * ins:], u[5, o * ins:], u[6, o * ins:], u[7, o * ins:]
+        u8, u9, u10, u11 = u[8, o * ins:], u[9, o * ins:], u[10, o * ins:], u[11, o * ins:]
+        u12, u13, u14, u15 = u[12, o * ins:], u[13, o * ins:], u[14, o * ins:], u[15, o * ins:]
+        for c in range(ins):
+            k = 9 * c
+            # G w: the kernel's rows r0, r1, r2 (three taps each) to four rows
+            a0, a1, a2 = p[k], p[k + 1], p[k + 2]
+            c0, c1, c2 = p[k + 6], p[k + 7], p[k + 8]
+            b0 = half * (a0 + p[k + 3] + c0)
+            b1 = half * (a1 + p[k + 4] + c1)
+            b2 = half * (a2 + p[k + 5] + c2)
+            d0 = half * (a0 - p[k + 3] + c0)
+            d1 = half * (a1 - p[k + 4] + c1)
+            d2 = half * (a2 - p[k + 5] + c2)
+            # (G w) Gᵀ: each row's three values to four
+            u0[c], u1[c], u2[c], u3[c] = a0, half * (a0 + a1 + a2), half * (a0 - a1 + a2), a2
+            u4[c], u5[c], u6[c], u7[c] = b0, half * (b0 + b1 + b2), half * (b0 - b1 + b2), b2
+            u8[c], u9[c], u10[c], u11[c] = d0, half * (d0 + d1 + d2), half * (d0 - d1 + d2), d2
+            u12[c], u13[c], u14[c], u15[c] = c0, half * (c0 + c1 + c2), half * (c0 - c1 + c2), c2
+
+
+def _weight_grad(du, gw, add):
+    """gw[o, 9c + 3a + b] (+)= (Gᵀ du[:, o·C + c] G)[a, b], the adjoint of
+    ``_weight_transform``: each block's dU (16, O·C) folded into the (O, C·9)
+    gradient as it comes (no sum of the blocks' dU, no GEMM of inner size
+    16 after them). ``add``: add to gw, else overwrite it."""
+    outs, ins = gw.shape[0], gw.shape[1] // 9
+    half = gw.dtype.type(0.5)
+    for o in range(outs):
+        q = gw[o]
+        at = o * ins
+        d0, d1, d2, d3 = du[0, at:], du[1, at:], du[2, at:], du[3, at:]
+        d4, d5, d6, d7 = du[4, at:], du[5, at:], du[6, at:], du[7, at:]
+        d8, d9, d10, d11 = du[8, at:], du[9, at:], du[10, at:], du[11, at:]
+        d12, d13, d14, d15 = du[12, at:], du[13, at:], du[14, at:], du[15, at:]
+        for c in range(ins):
+            # each row i of du times G (four columns to three): s(i, 0..2)
+            e0, f0 = half * (d1[c] + d2[c]), half * (d1[c] - d2[c])
+            e1, f1 = half * (d5[c] + d6[c]), half * (d5[c] - d6[c])
+            e2, f2 = half * (d9[c] + d10[c]), half * (d9[c] - d10[c])
+            e3, f3 = half * (d13[c] + d14[c]), half * (d13[c] - d14[c])
+            s00, s01, s02 = d0[c] + e0, f0, e0 + d3[c]
+            s10, s11, s12 = d4[c] + e1, f1, e1 + d7[c]
+            s20, s21, s22 = d8[c] + e2, f2, e2 + d11[c]
+            s30, s31, s32 = d12[c] + e3, f3, e3 + d15[c]
+            # Gᵀ (…): rows s0 + ½(s1 + s2), ½(s1 - s2), ½(s1 + s2) + s3
+            m0, m1, m2 = half * (s10 + s20), half * (s11 + s21), half * (s12 + s22)
+            n0, n1, n2 = half * (s10 - s20), half * (s11 - s21), half * (s12 - s22)
+            k = 9 * c
+            if add:
+                q[k] += s00 + m0
+                q[k + 1] += s01 + m1
+                q[k + 2] += s02 + m2
+                q[k + 3] += n0
+                q[k + 4] += n1
+                q[k + 5] += n2
+                q[k + 6] += m0 + s30
+                q[k + 7] += m1 + s31
+                q[k + 8] += m2 + s32
             else:
-                for r in range(h):
-                    for s in range(w):
-                        src = plane[top + r, _column(left + s, half, channels):]
-                        dest = flat[r * w + s:]
-                        for c in range(channels):
-                            dest[c * h * w] = src[c]
-        else:
-            for c in range(channels):
-                for r in range(h):
-                    src, dest = plane[top + r], gx[n, c, r]
-                    for s in range(w):
-                        dest[s] = src[_column(left + s, half, channels) + c]
+                q[k] = s00 + m0
+                q[k + 1] = s01 + m1
+                q[k + 2] = s02 + m2
+                q[k + 3] = n0
+                q[k + 4] = n1
+                q[k + 5] = n2
+                q[k + 6] = m0 + s30
+                q[k + 7] = m1 + s31
+                q[k + 8] = m2 + s32
 
 
 input_transform = CpuKernel(_input_transform)
 output_transform = CpuKernel(_output_transform)
 grad_transform = CpuKernel(_grad_transform)
 input_grad = CpuKernel(_input_grad)
+weight_transform = CpuKernel(_weight_transform)
+weight_grad = CpuKernel(_weight_grad)

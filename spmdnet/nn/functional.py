@@ -5,7 +5,8 @@ signatures and semantics: ``import spmdnet.nn.functional as F`` and
 Thin wrappers over the ops in ``spmdnet.ops``: they check arguments and turn
 Python values into tensors; the math lives in the ops. The losses' and the
 newer activations' wrappers sit next to their ops (ops/losses.py,
-ops/pointwise_losses.py, ops/activations.py) and are re-exported here.
+ops/pointwise_losses.py, ops/activations.py), as does attention's
+(ops/attention.py, which draws its dropout mask); they are re-exported here.
 docs/PYTORCH.md lists the differences from torch.nn.functional.
 """
 import math
@@ -13,9 +14,10 @@ import warnings
 
 import numpy as np
 
+from .._meta import is_meta_array, meta_array
 from .._tensor import Tensor
 from ..backend import xp_of
-from ..random import distributions, generator, generator_for
+from ..random import distributions, generator_for
 from ..ops import (
     GELU,
     Dropout,
@@ -37,8 +39,8 @@ from ..ops import (
     tanh,
 )
 from ..ops._util import dim_arg, normalize_axes
-from ..ops.attention import ScaledDotProductAttention
-from ..ops.activations import elu, leaky_relu, silu, softplus
+from ..ops.attention import scaled_dot_product_attention
+from ..ops.activations import elu, hardtanh, leaky_relu, relu6, silu, softplus
 from ..ops.batchnorm import batch_norm
 from ..ops.group_norm import group_norm, instance_norm
 from ..ops.convert import cast
@@ -66,7 +68,7 @@ __all__ = ["linear", "relu", "tanh", "sigmoid", "gelu", "silu", "leaky_relu", "e
            "softplus", "exp", "log", "sqrt", "matmul", "softmax", "log_softmax",
            "cross_entropy", "nll_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "mse_loss", "l1_loss", "smooth_l1_loss",
-           "huber_loss", "kl_div",
+           "huber_loss", "kl_div", "hardtanh", "relu6",
            "dropout", "layer_norm", "embedding", "one_hot", "pad", "normalize",
            "scaled_dot_product_attention", "concatenate", "stack",
            "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
@@ -143,6 +145,8 @@ def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
         return input
     if p == 1.0:  # every element dropped; the 1/(1-p) scale would divide by zero
         return input * 0.0
+    if is_meta_array(input.array):  # shape-only: PyTorch's meta dropout draws nothing
+        return input * 1.0
     return Dropout.apply(input, p=p)
 
 
@@ -155,6 +159,8 @@ def _keep_mask(like, shape, keep):
     """Bernoulli(keep) draws of ``shape`` in ``like``'s dtype, from the
     generator PyTorch's ``bernoulli_(keep)`` reads (float64 uniforms)."""
     xp, dtype = xp_of(like), like.dtype
+    if is_meta_array(like):  # shape-only: drawing nothing, as PyTorch's meta dropout
+        return meta_array(shape, dtype)
     if xp is np:
         return distributions.bernoulli_scalar(generator_for(np), shape, keep, dtype)
     return (generator_for(xp).random(shape, dtype=np.float64) < keep).astype(dtype)
@@ -287,7 +293,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # 
     num = weight.shape[0]
     if idx.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got dtype {idx.dtype}")
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num):
+    if idx.size and not is_meta_array(idx) and (int(idx.min()) < 0 or int(idx.max()) >= num):
         raise IndexError(f"embedding: index out of range [0, {num}): "
                          f"min {int(idx.min())}, max {int(idx.max())}")
     if padding_idx is not None:
@@ -305,14 +311,15 @@ def one_hot(tensor, num_classes=-1):
     xp = xp_of(idx)
     if idx.dtype.kind not in "iu":
         raise RuntimeError(f"one_hot is only applicable to index tensor, got dtype {idx.dtype}")
-    if idx.size and int(idx.min()) < 0:
+    checked = idx.size and not is_meta_array(idx)  # a meta tensor's values are unknown
+    if checked and int(idx.min()) < 0:
         raise RuntimeError("one_hot: Class values must be non-negative.")
     if num_classes == -1:
         if not idx.size:
             raise RuntimeError("one_hot: Can not infer total number of classes from empty "
                                "tensor.")
         num_classes = int(idx.max()) + 1
-    elif idx.size and int(idx.max()) >= num_classes:
+    elif checked and int(idx.max()) >= num_classes:
         raise RuntimeError(f"one_hot: Class values must be smaller than num_classes "
                            f"({num_classes}), got {int(idx.max())}.")
     return Tensor((idx[..., None] == xp.arange(num_classes)).astype(xp.int64))
@@ -352,28 +359,3 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):  # noqa: A002
     if out is not None:
         raise NotImplementedError("normalize: out= is not supported; use the result")
     return Normalize.apply(input, p=p, dim=dim, eps=eps)
-
-
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None):
-    """softmax(query @ keyᵀ · scale + mask) @ value over (..., L, E), (..., S, E)
-    and (..., S, Ev), one op (ops/attention.py). A bool ``attn_mask`` is
-    True where attention is allowed; a float one is added to the scores;
-    ``is_causal`` allows the lower triangle of (L, S); ``scale`` defaults to
-    1/sqrt(E). ``dropout_p`` drops attention weights whenever it is > 0 (pass 0.0 in evaluation)."""
-    if is_causal and attn_mask is not None:
-        raise RuntimeError("scaled_dot_product_attention: give attn_mask or is_causal, "
-                           "not both")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"scaled_dot_product_attention: dropout_p must be between 0 and 1, "
-                         f"got {dropout_p}")
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    seed = int(generator().random64(1)[0]) >> 1 if dropout_p > 0 else 0  # one 64-bit draw
-    inputs, mask = (query, key, value), None
-    if isinstance(attn_mask, Tensor):
-        inputs += (attn_mask,)
-    elif attn_mask is not None:
-        mask = xp_of(query.array).asarray(attn_mask)
-    return ScaledDotProductAttention.apply(*inputs, mask=mask, causal=bool(is_causal),
-                                           scale=float(scale), dropout_p=float(dropout_p),
-                                           seed=seed)

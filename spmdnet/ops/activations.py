@@ -1,5 +1,6 @@
 """Activation ops beyond ``unary.py``'s: silu, leaky_relu, elu, softplus,
-with PyTorch's formulas and its derivatives at the kinks."""
+hardtanh (and relu6, hardtanh on [0, 6]), with PyTorch's formulas and its
+derivatives at the kinks."""
 from ..autograd import Function
 from ..backend import xp_of
 
@@ -55,6 +56,18 @@ class Softplus(Function):
         return xp_of(g).where(self.bx > self.threshold, g, g * _sigmoid(self.bx))
 
 
+class Hardtanh(Function):
+    """x clipped to [min_val, max_val]; the derivative passes only strictly
+    inside (0 at either end, unlike clamp's), and passes NaN's."""
+
+    def forward(self, x, min_val=-1.0, max_val=1.0):
+        self.outside = (x <= min_val) | (x >= max_val)
+        return xp_of(x).clip(x, min_val, max_val)
+
+    def backward(self, g):
+        return xp_of(g).where(self.outside, 0, g)
+
+
 def silu(input, inplace=False):
     return SiLU.apply(input)
 
@@ -69,3 +82,14 @@ def elu(input, alpha=1.0, inplace=False):
 
 def softplus(input, beta=1.0, threshold=20.0):
     return Softplus.apply(input, beta=beta, threshold=threshold)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val ({min_val}) cannot be greater than max_val "
+                         f"({max_val})")
+    return Hardtanh.apply(input, min_val=min_val, max_val=max_val)
+
+
+def relu6(input, inplace=False):
+    return Hardtanh.apply(input, min_val=0.0, max_val=6.0)

@@ -1,4 +1,5 @@
-"""Scaled dot-product attention as one op with its own backward.
+"""Scaled dot-product attention as one op with its own backward, and
+``F.scaled_dot_product_attention``, its wrapper (which draws the dropout mask).
 
 softmax(q kᵀ · scale + mask) v over any leading dims, PyTorch's mask rules
 (a bool mask is True where attention is allowed, a float one is added,
@@ -6,16 +7,23 @@ softmax(q kᵀ · scale + mask) v over any leading dims, PyTorch's mask rules
 k, v, the output and one log-sum-exp per query row: never an (..., L, S) array.
 Query rows go in blocks of ``block_rows`` (peak memory N x block x S, not
 N x L x S); backward recomputes each block's probabilities from the
-log-sum-exp and regenerates the dropout mask from the seed
-(``kernels.attention.dropout_keep``, a Philox counter stream; compiled:
-``dropout_factors``). Softmax rows use ``kernels/softmax.py``.
+log-sum-exp and reads the dropout mask again. On the CPU the mask is
+PyTorch's (the caller draws it from PyTorch's stream, nn/functional.py, and
+passes it bit-packed as ``keep``: N x L x S bits); on a GPU it is regenerated
+from the seed (``kernels.attention.dropout_keep``, a Philox counter stream).
+Softmax rows use ``kernels/softmax.py``.
 """
+import math
+
 import numpy as np
 
 from .. import kernels
+from .._meta import is_meta_array
+from .._tensor import Tensor
 from ..autograd.function import Function
 from ..backend import xp_of
 from ..kernels.attention import dropout_keep
+from ..random import distributions, generator
 from ._util import unbroadcast
 
 BLOCK_ELEMENTS = 1 << 20  # scores per block, over all leading dims
@@ -57,7 +65,7 @@ class ScaledDotProductAttention(Function):
     float one); a mask that needs none may come as ``mask=``."""
 
     def forward(self, q, k, v, *grad_mask, mask=None, causal=False, scale=1.0, dropout_p=0.0,
-                seed=0, block_rows=None):
+                seed=0, keep=None, block_rows=None):
         mask = grad_mask[0] if grad_mask else mask
         xp = xp_of(q, k, v)
         lead = _check_shapes(q, k, v, mask)
@@ -68,7 +76,7 @@ class ScaledDotProductAttention(Function):
         if mask is not None:
             mask = mask if mask.dtype.kind == "b" else mask.astype(q.dtype, copy=False)
         self.mask, self.causal, self.scale = mask, causal, scale
-        self.dropout_p, self.seed = dropout_p, seed
+        self.dropout_p, self.seed, self.keep = dropout_p, seed, keep
         n = self.q.shape[0]
         self.block = block_rows or max(1, BLOCK_ELEMENTS // max(1, n * source))
         # keep q * scale in place of q: scores need no scaling
@@ -139,11 +147,15 @@ class ScaledDotProductAttention(Function):
         return s
 
     def _dropout(self, xp, rows):
-        """The kept-and-scaled factors of rows ``rows``, regenerated from the seed."""
+        """The kept-and-scaled factors of rows ``rows``: unpacked from ``keep``,
+        or regenerated from the seed."""
         shape = self.q.shape[:2] + self.k.shape[1:2]
-        kernel = kernels.lookup("attention_dropout", self.q)
-        if kernel is not None and isinstance(self.q, np.ndarray):  # a CPU kernel only
-            return kernel(shape, rows, self.seed, self.dropout_p, self.q.dtype)
+        if self.keep is not None:
+            bits = np.unpackbits(self.keep[:, rows.start:rows.stop], axis=-1, count=shape[2])
+            # PyTorch's noise.div_(1 - p): the divisor rounded to the dtype first
+            return bits.astype(self.q.dtype) / self.q.dtype.type(1.0 - self.dropout_p)
+        if self.dropout_p >= 1:  # PyTorch: all dropped, nothing drawn
+            return xp.zeros((shape[0], len(rows), shape[2]), self.q.dtype)
         keep = dropout_keep(xp, shape, rows, self.seed, self.dropout_p)
         inv = 0.0 if self.dropout_p >= 1 else 1.0 / (1.0 - self.dropout_p)
         return keep * self.q.dtype.type(inv)
@@ -160,3 +172,56 @@ class ScaledDotProductAttention(Function):
         need = self.needs_input_grad
         return tuple(unbroadcast(g.reshape(self.lead + g.shape[1:]), shape) if need[i] else None
                      for i, (g, shape) in enumerate(zip(grads, self.shapes, strict=True)))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None):
+    """softmax(query @ keyᵀ · scale + mask) @ value over (..., L, E), (..., S, E)
+    and (..., S, Ev), one op (below). A bool ``attn_mask`` is
+    True where attention is allowed; a float one is added to the scores;
+    ``is_causal`` allows the lower triangle of (L, S); ``scale`` defaults to
+    1/sqrt(E). ``dropout_p`` drops attention weights whenever it is > 0 (pass 0.0 in evaluation)."""
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: give attn_mask or is_causal, "
+                           "not both")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be between 0 and 1, "
+                         f"got {dropout_p}")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    inputs, mask = (query, key, value), None
+    if isinstance(attn_mask, Tensor):
+        inputs += (attn_mask,)
+    elif attn_mask is not None:
+        mask = xp_of(query.array).asarray(attn_mask)
+    seed, keep = 0, None
+    if any(is_meta_array(t.array) for t in (query, key, value)):
+        dropout_p = 0.0  # shape-only: PyTorch's meta attention draws nothing
+    elif 0.0 < dropout_p < 1.0 and xp_of(query.array) is np:
+        keep = _attention_keep(query, key, value, attn_mask, 1.0 - dropout_p)
+    elif dropout_p > 0:  # a GPU's Philox stream, seeded by one 64-bit draw (p = 1 draws none)
+        seed = int(generator().random64(1)[0]) >> 1 if dropout_p < 1 else 0
+    return ScaledDotProductAttention.apply(*inputs, mask=mask, causal=bool(is_causal),
+                                           scale=float(scale), dropout_p=float(dropout_p),
+                                           seed=seed, keep=keep)
+
+
+def _attention_keep(query, key, value, attn_mask, keep_p):
+    """The kept attention weights, as PyTorch's CPU (math) attention draws
+    them: ``bernoulli_(1 - p)`` over the weights (..., L, S) after the softmax,
+    one float64 uniform each in row-major order, from the current generator;
+    bit-packed along S (``np.packbits``), drawn a slab of rows at a time."""
+    shapes = [t.shape[:-2] for t in (query, key, value)]
+    if attn_mask is not None:
+        shapes.append(tuple(getattr(attn_mask, "shape", np.shape(attn_mask)))[:-2])
+    try:
+        lead = np.broadcast_shapes(*shapes)
+    except ValueError:
+        return None  # the op names the shapes that do not fit
+    rows, source = math.prod(lead) * query.shape[-2], key.shape[-2]
+    packed = np.empty((rows, (source + 7) // 8), np.uint8)
+    step = max(1, (1 << 20) // max(1, source))
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        draws = distributions.bernoulli_scalar(generator(), (n, source), keep_p, np.bool_)
+        packed[r:r + n] = np.packbits(draws, axis=-1)
+    return packed.reshape(math.prod(lead), query.shape[-2], (source + 7) // 8)

@@ -25,7 +25,8 @@ Stride-1 convolutions with few input channels per group (where
 ``kernels.dispatch.conv_direct_takes`` says so: depthwise, single-channel,
 the CIFAR Net's first layer) build no columns: kernels/conv_direct.py's
 forward and weight gradient read the padded input directly (saved instead
-of the columns); their input gradient is the GEMM and col2im above.
+of the columns), and its input gradient is the same forward kernel over the
+padded output gradient with the flipped weights.
 """
 import math
 
@@ -204,7 +205,7 @@ class Conv2d(Function):
                 return out
         if conv_direct_takes(weight.shape, stride):
             self.direct = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
-                           ("direct_forward", "direct_weight_grad")]
+                           ("direct_forward", "direct_weight_grad", "direct_input_grad")]
         if self.direct and all(self.direct):  # few input channels: no columns
             self.cols = None
             self.xflat, self.wp = conv_direct.padded_flat(x, weight.shape[2:], pads, dilation,
@@ -243,9 +244,8 @@ class Conv2d(Function):
         gw = gx = None
         if need[1]:
             gw = self.direct[1](xflat, self.wp, g, self.weight.shape, dilation, groups)
-        if need[0]:  # needs no columns: the GEMM and col2im
-            gx = columns_grad(by_channel(g, groups), self.weight, self.x_shape, g.shape[2:],
-                              stride, pads, dilation, self.col2im)
+        if need[0]:
+            gx = self.direct[2](g, self.weight, self.x_shape[2:], pads, dilation, groups)
         return gw, gx
 
     def _gemm_backward(self, g):

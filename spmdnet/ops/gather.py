@@ -16,6 +16,7 @@ from ..backend import scatter_add as _scatter_add
 from ..backend import asnumpy, to_device, xp_of
 from .index import Index
 from .._args import canonical_dim
+from .._meta import is_meta_array
 
 
 def _coords(index, axis):
@@ -90,6 +91,8 @@ def _index(input, dim, index, what):  # noqa: A002
 
 
 def _check_range(idx, n, what):
+    if is_meta_array(idx):  # a meta index's values are unknown: PyTorch checks none either
+        return
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
         raise RuntimeError(f"{what}(): index {bad} is out of bounds for dimension with size {n}")

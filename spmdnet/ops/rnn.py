@@ -14,8 +14,10 @@ in time order. Inputs and outputs, by op:
 
 - ``ElmanSequence(xw, h0, w_hh, nonlinearity=)`` -> hs (T, N, H);
   ``xw = x W_ihᵀ + b_ih + b_hh``.
-- ``LSTMSequence(xw, h0, c0, w_hh)`` -> (T + 1, N, H): rows 0..T-1 the h of
-  each step, row T the last cell state; ``xw = x W_ihᵀ + b_ih + b_hh``.
+- ``LSTMSequence(xw, h0, c0, w_hh[, bias])`` -> (T + 1, N, H): rows 0..T-1
+  the h of each step, row T the last cell state; ``xw = x W_ihᵀ``, and
+  ``bias = b_ih + b_hh`` (4H,) when given, added inside (with the kernels in
+  the step's pass, not as one more pass over xw).
 - ``GRUSequence(xw, h0, w_hh, b_hh)`` -> hs (T, N, H); ``xw = x W_ihᵀ + b_ih``
   (b_hh stays inside, as r multiplies W_hn h + b_hn).
 
@@ -25,10 +27,11 @@ and in backward every gate derivative that does not depend on the incoming
 gradient computed for all steps at once before the loop (``_factors``), so a
 step multiplies them in place (LSTM: 5 passes and the product). The
 recurrent product runs on a contiguous copy of W_hhᵀ (BLAS's transposed
-path is slower at these sizes). For NumPy arrays the LSTM takes
-kernels/rnn_cell.py instead (``kernels.lookup("lstm")``): the same numbers
-bit for bit, in 5 calls per forward step and one pass per backward step
-(tests/test_rnn_kernels.py; speed: benchmarks/lstm_step.py).
+path is slower at these sizes). For float32 NumPy arrays the LSTM takes
+kernels/rnn_cell.py instead (``kernels.lookup("lstm")``): one kernel per
+step after the product, forward and backward, with its own float32 tanh, so
+the same numbers up to float32 rounding (tests/test_rnn_kernels.py; speed:
+benchmarks/lstm_step.py).
 """
 from .. import kernels
 from ..autograd.function import Function
@@ -126,15 +129,20 @@ def _gate_constants(dtype, xp):
 class LSTMSequence(_Sequence):
     """c_t = f c_{t-1} + i g, h_t = o tanh(c_t), gates from xw_t + h_{t-1} W_hhᵀ."""
 
-    def forward(self, xw, h0, c0, w_hh, reverse=False):
+    def forward(self, xw, h0, c0, w_hh, *bias, reverse=False):
         xp = xp_of(xw)
         length, (n, size) = xw.shape[0], c0.shape
         self.c0, self.w_hh, self.h0, self.reverse = c0, w_hh, h0, reverse
-        self.cell_backward = kernels.lookup("lstm", xw, h0, c0, w_hh, step="backward")
-        kernel = kernels.lookup("lstm", xw, h0, c0, w_hh)
-        if kernel is not None:  # kernels/rnn_cell.py: the same numbers in fewer passes
-            self.gates, self.cs, self.tanh_cs, self.hs = kernel(xw, h0, c0, w_hh, reverse)
-            return xp.concatenate([self.hs, self.cs[0 if reverse else length - 1][None]])
+        self.with_bias = bool(bias)
+        self.cell_backward = kernels.lookup("lstm", xw, h0, c0, w_hh, *bias, step="backward")
+        kernel = kernels.lookup("lstm", xw, h0, c0, w_hh, *bias)
+        if kernel is not None:  # kernels/rnn_cell.py: float32, one kernel per step
+            self.gates, self.cs, self.tanh_cs, out = kernel(xw, h0, c0, w_hh, reverse,
+                                                            *bias)
+            self.hs = out[:length]
+            return out
+        if bias:
+            xw = xw + bias[0]
         self.gates = xp.empty_like(xw)  # activated gates, per step
         self.cs = xp.empty((length, n, size), xw.dtype)
         self.tanh_cs = xp.empty_like(self.cs)
@@ -177,8 +185,9 @@ class LSTMSequence(_Sequence):
     def backward(self, grad):
         if self.cell_backward is not None:  # kernels/rnn_cell.py: one pass per step
             d_gates, dh, dc = self.cell_backward(grad, self.gates, self.cs, self.tanh_cs,
-                                                 self.c0, self.w_hh, self.reverse)
-            return d_gates, dh, dc, self._weight_grad(d_gates, 3)
+                                                 self.c0, self.w_hh, self.reverse,
+                                                 self.needs_input_grad[1])
+            return (d_gates, dh, dc, self._weight_grad(d_gates, 3)) + self._bias_grad(d_gates)
         xp = xp_of(grad)
         length = self.hs.shape[0]
         dc_dh, d_gates, f = self._factors(xp)  # d_gates: multiplied in place below
@@ -192,7 +201,15 @@ class LSTMSequence(_Sequence):
             dc *= f[t]
             dh = d_gates[t].reshape(dh.shape[0], -1) @ self.w_hh
         d_gates = d_gates.reshape(self.gates.shape)
-        return d_gates, dh, dc, self._weight_grad(d_gates, 3)
+        return (d_gates, dh, dc, self._weight_grad(d_gates, 3)) + self._bias_grad(d_gates)
+
+    def _bias_grad(self, d_gates):
+        """(the bias's gradient,) when the op was given one (else ())."""
+        if not self.with_bias:
+            return ()
+        if not self.needs_input_grad[4]:
+            return (None,)
+        return (d_gates.reshape(-1, d_gates.shape[-1]).sum(axis=0),)
 
 
 class GRUSequence(_Sequence):

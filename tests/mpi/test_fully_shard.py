@@ -294,10 +294,12 @@ def test_mixed_precision_computes_in_param_dtype_and_keeps_float64_shards():
 def test_refused_options_raise():
     with pytest.raises(TypeError, match="param_dtype"):
         MixedPrecisionPolicy(param_dtype=np.int32)
-    with pytest.raises(NotImplementedError, match="CPUOffloadPolicy"):
-        fully_shard(Net(), offload_policy=CPUOffloadPolicy())
-    with pytest.raises(NotImplementedError, match="2-D mesh"):
-        fully_shard(Net(), mesh=init_device_mesh("cpu", (1, dist.get_world_size())))
+    with pytest.raises(TypeError, match="offload_policy"):
+        fully_shard(Net(), offload_policy=CPUOffloadPolicy)
+    with pytest.raises(ValueError, match="3-D mesh"):
+        fully_shard(Net(), mesh=init_device_mesh("cpu", (1, 1, dist.get_world_size())))
+    with pytest.raises(ValueError, match="should be a factor of"):
+        fully_shard(Net(), reshard_after_forward=dist.get_world_size() + 1)
     with pytest.raises(NotImplementedError, match="flatten_optimizer_state_dict"):
         get_optimizer_state_dict(Net(), [], options=StateDictOptions(
             flatten_optimizer_state_dict=True))

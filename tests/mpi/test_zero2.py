@@ -187,6 +187,9 @@ def test_zero2_refuses_data_parallel_and_bad_stage():
     params = list(model.parameters())
     with pytest.raises(ValueError, match="appears more than once"):
         parallel.ZeroRedundancyOptimizer([{"params": params}, {"params": params[:1]}])
+    with pytest.raises(ValueError, match="comm or process_group, not both"):
+        parallel.ZeroRedundancyOptimizer(params, optim.Adam, process_group=dist.group.WORLD,
+                                         comm=dist.comm_or_default(None))
     ddp = parallel.DataParallel(model)
     with pytest.raises(ValueError, match="do not wrap the model in DataParallel"):
         parallel.ZeroRedundancyOptimizer(model.parameters(), stage=2)

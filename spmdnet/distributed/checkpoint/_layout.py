@@ -4,10 +4,10 @@ import numpy as np
 
 from ..._tensor import Tensor
 from ...backend import asnumpy
-from ...parallel.data_parallel import DistributedDataParallel
+from ...nn.parallel.distributed import DistributedDataParallel
 from ...parallel.fsdp import FullyShardedDataParallel as ShardedFSDP1
 from .. import collectives, runtime
-from ..tensor._api import DTensor, gather_dim, local_piece
+from ..tensor._api import DTensor, gather_like, local_piece
 
 
 def unwrap(model):
@@ -34,10 +34,8 @@ def as_array(value):
 def shard_value(like, array, full):
     """``array`` as ``like`` (a DTensor parameter) holds it: its full value
     gathered (``full``), else a DTensor sharing this rank's piece."""
-    placement = like.placements[0]
     if full:
-        comm = like.device_mesh.get_group(0).comm
-        return Tensor(gather_dim(array, placement.dim, like.global_shape[placement.dim], comm))
+        return Tensor(gather_like(like, array))
     return DTensor(array, like.device_mesh, like.placements, like.global_shape)
 
 
@@ -50,7 +48,7 @@ def local_value(like, value):
     if tuple(np.shape(array)) != like.global_shape:
         raise ValueError(f"a value of shape {tuple(np.shape(array))} for a parameter of "
                          f"global shape {like.global_shape}")
-    return local_piece(array, like.device_mesh, like.placements[0])[0]
+    return local_piece(array, like.device_mesh, like.placements)[0]
 
 
 def offload(state, full):

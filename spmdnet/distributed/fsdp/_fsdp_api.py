@@ -42,5 +42,8 @@ class OffloadPolicy:
 
 @dataclasses.dataclass
 class CPUOffloadPolicy(OffloadPolicy):
-    """Sharded parameters on the host; spmdnet refuses it in ``fully_shard``."""
+    """Sharded parameters, their gradients and so the optimizer step on the
+    host (NumPy arrays; page-locked when ``pin_memory`` and they came from a
+    GPU); every all-gather copies them to the compute device first. On the
+    CPU backend parameters already live on the host: nothing moves."""
     pin_memory: bool = True

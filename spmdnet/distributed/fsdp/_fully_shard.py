@@ -1,4 +1,4 @@
-"""``fully_shard`` (PyTorch's FSDP2): per-parameter sharding over a 1-D
+"""``fully_shard`` (PyTorch's FSDP2): per-parameter sharding over a
 DeviceMesh, applied bottom-up to blocks and then the root.
 
 ``fully_shard(module)`` replaces each parameter the module owns (those not
@@ -8,32 +8,40 @@ pieces, so uneven sizes leave the last ranks fewer rows), and changes the
 module's class in place to a subclass of ``(FSDPModule, its class)``.
 Optimizers built afterwards from ``model.parameters()`` step on the shards.
 
-- Forward: a pre-hook all-gathers the unit's parameters into full leaf
-  Parameters registered in the module for the forward (``unshard``); a
-  post-hook swaps the shards back (``reshard``) when ``reshard_after_forward``
-  (None: every unit but the root, as PyTorch; always under ``no_grad``). The
-  gathered arrays stay alive while the autograd graph needs them (they are
-  not re-gathered in backward) and are dropped after backward.
-- Backward: when a full parameter's gradient is final, the unit queues one
-  end-of-backward callback that reduce-scatters the gradients (mean over the
-  mesh) into the shards' ``.grad`` (accumulating, as ``.grad`` does). With
+- Forward and backward (``_fsdp_state``): a pre-hook all-gathers the unit's
+  parameters into its storage and registers full Parameters over it
+  (``unshard``); a post-hook, when ``reshard_after_forward`` (None: every
+  unit but the root, as PyTorch; always under ``no_grad``), releases the
+  storage and registers the shards (``reshard``); before the unit's
+  backward its parameters are all-gathered again into the same storage, so
+  between forward and backward a rank holds its shards and the root's full
+  parameters. An int ``k`` keeps each rank's piece of a group of ``k``
+  ranks after forward and gathers from that group in backward (as PyTorch:
+  1 is False, the shard dimension's size is True).
+- Gradients (``_fsdp_grads``): once a unit's gradients are final they are
+  reduce-scattered (mean over the mesh) into the shards' ``.grad``. With
   ``set_requires_gradient_sync(False)`` nothing is communicated: the full
   gradients accumulate until a synchronising backward reduces the sum.
-- ``MixedPrecisionPolicy``: see ``_fsdp_api``. ``CPUOffloadPolicy``, an
-  integer ``reshard_after_forward`` and meshes of more than one dimension
-  (HSDP) raise NotImplementedError.
+- ``mesh``: 1-D (shard over it), or 2-D (replicate, shard) for HSDP: shards
+  over the second dimension, gradients also averaged over the first; the
+  shards are DTensors with placements ``(Replicate(), Shard(0))``.
+- ``MixedPrecisionPolicy``: see ``_fsdp_api``. ``CPUOffloadPolicy``: the
+  shards (and so their gradients and the optimizer's step) stay on the host
+  (NumPy arrays, page-locked with ``pin_memory`` when they came from a GPU);
+  each gather copies them to the compute device first. On the CPU backend
+  parameters already live on the host, so it places nothing elsewhere.
 """
 import functools
 import weakref
 
-from ... import autograd
-from ..._tensor import Tensor
-from ...nn.parameter import Parameter
+from ...backend import device_of
 from .. import c10d, runtime
 from ..device_mesh import DeviceMesh, init_device_mesh
-from ..tensor._api import DTensor, gather_dim, local_piece, reduce_scatter_dim
-from ..tensor._placements import Shard
+from ..tensor._api import DTensor, local_piece
+from ..tensor._placements import Replicate, Shard
 from ._fsdp_api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from ._fsdp_state import Entry, FSDPState, map_tensors
+from ._fsdp_storage import host_copy
 
 _active = {"depth": 0}  # fully_shard forwards now running: 0 at the root's entry
 _classes = {}
@@ -50,7 +58,8 @@ class FSDPModule:
         return _DoneHandle() if async_op else None
 
     def reshard(self):
-        """Register the shards again in place of the full parameters."""
+        """Register the shards again in place of the full parameters, whose
+        storage is released."""
         self._fsdp_state.reshard()
 
     def set_requires_gradient_sync(self, requires_gradient_sync, *, recurse=True):
@@ -76,69 +85,6 @@ def _states(module, recurse):
     return [m._fsdp_state for m in modules if isinstance(m, FSDPModule)]
 
 
-class _Entry:
-    """One sharded parameter: where it is registered (every (module, name)
-    of a tied parameter), its shard, and the full leaf used by forward and
-    backward while the unit is unsharded."""
-
-    def __init__(self, slots, shard):
-        self.slots, self.shard, self.full = slots, shard, None
-
-    def register(self, tensor):
-        for owner, name in self.slots:
-            owner._parameters[name] = tensor
-
-
-class _State:
-    def __init__(self, module, mesh, reshard_after_forward, mp_policy, entries):
-        self.module, self.mesh, self.entries = module, mesh, entries
-        self.comm = mesh.get_group(0).comm
-        self.reshard_after_forward, self.mp = reshard_after_forward, mp_policy
-        self.sync, self.pending, self.root = True, False, False
-
-    def unshard(self):
-        for e in self.entries:
-            dim = e.shard.placements[0].dim
-            arr = gather_dim(e.shard.array, dim, e.shard.global_shape[dim], self.comm)
-            if self.mp.param_dtype is not None:
-                arr = arr.astype(self.mp.param_dtype)
-            if e.full is None:
-                e.full = Parameter(arr, requires_grad=e.shard.requires_grad)
-                if e.full.requires_grad:
-                    e.full.register_post_accumulate_grad_hook(self._grad_ready)
-            else:
-                e.full.array = arr  # keeps the gradient accumulated without sync
-            e.register(e.full)
-
-    def reshard(self):
-        for e in self.entries:
-            e.register(e.shard)
-
-    def _grad_ready(self, _full):
-        if not self.pending:
-            self.pending = True
-            autograd.queue_callback(self._post_backward)
-
-    def _post_backward(self):
-        self.pending = False
-        self.reshard()
-        if not self.sync:
-            return
-        for e in self.entries:
-            if e.full is not None and e.full.grad is not None:
-                grad = e.full.grad.array
-                reduce_dtype = self.mp.reduce_dtype or self.mp.param_dtype
-                if reduce_dtype is not None:
-                    grad = grad.astype(reduce_dtype)
-                piece = reduce_scatter_dim(grad, e.shard.placements[0].dim, self.comm)
-                piece = piece.astype(e.shard.array.dtype, copy=False)
-                if e.shard.grad is None:
-                    e.shard.grad = Tensor(piece)
-                else:
-                    e.shard.grad.array += piece
-            e.full = None  # the gathered storage goes with the graph
-
-
 def _forget(ref, key):
     if _sharded.get(key) is ref:
         del _sharded[key]
@@ -146,37 +92,30 @@ def _forget(ref, key):
 
 def _cast(value, dtype):
     """Floating tensors in ``value`` (nested tuples/lists/dicts) cast to ``dtype``."""
-    if isinstance(value, Tensor):
-        kind = value.array.dtype
+    def cast(t):
+        kind = t.array.dtype
         floating = kind.kind == "f" or kind.name == "bfloat16"
-        return value.to(dtype) if floating and kind != dtype else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_cast(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
-    return value
+        return t.to(dtype) if floating and kind != dtype else t
+    return map_tensors(value, cast)
 
 
 def _pre_forward(module, args, kwargs):
     state = module._fsdp_state
-    state.root = _active["depth"] == 0
+    root = _active["depth"] == 0
     _active["depth"] += 1
-    state.unshard()
     if state.mp.param_dtype is not None and state.mp.cast_forward_inputs:
-        return _cast(args, state.mp.param_dtype), _cast(kwargs, state.mp.param_dtype)
-    return None
+        args, kwargs = _cast(args, state.mp.param_dtype), _cast(kwargs, state.mp.param_dtype)
+    state.pre_forward(args, kwargs, root)
+    return args, kwargs
 
 
 def _post_forward(module, args, output):
     state = module._fsdp_state
     _active["depth"] -= 1
-    reshard = state.reshard_after_forward
-    # without a graph no backward comes to reshard the units kept unsharded
-    if reshard or (reshard is None and not state.root) or not autograd.is_grad_enabled():
-        state.reshard()
+    output = state.post_forward(output)
     if state.mp.output_dtype is not None:
-        return _cast(output, state.mp.output_dtype)
-    return None
+        output = _cast(output, state.mp.output_dtype)
+    return output
 
 
 def _managed(module, ignored):
@@ -201,22 +140,43 @@ def _managed(module, ignored):
     return found
 
 
-def _check(mesh, reshard_after_forward, mp_policy, offload_policy):
+def _check(mesh, mp_policy, offload_policy):
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"fully_shard(mesh=...) expects a DeviceMesh, got {type(mesh).__name__}")
-    if mesh.ndim != 1:
-        raise NotImplementedError(f"fully_shard on a {mesh.ndim}-D mesh (HSDP) is not "
-                                  "supported by spmdnet: use a 1-D mesh")
-    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
-        raise NotImplementedError(f"fully_shard(reshard_after_forward={reshard_after_forward!r})"
-                                  ": spmdnet takes True, False or None")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(f"fully_shard: a 1-D mesh (FSDP) or a 2-D (replicate, shard) mesh "
+                         f"(HSDP) is needed, got a {mesh.ndim}-D mesh {mesh!r}")
+    if mesh.get_coordinate() is None:
+        raise ValueError(f"fully_shard: rank {runtime.world().rank} is not in {mesh!r}")
     if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"mp_policy must be a MixedPrecisionPolicy, got {mp_policy!r}")
-    if isinstance(offload_policy, CPUOffloadPolicy):
-        raise NotImplementedError("fully_shard(offload_policy=CPUOffloadPolicy()) is not "
-                                  "supported by spmdnet")
     if not isinstance(offload_policy, OffloadPolicy):
         raise TypeError(f"offload_policy must be an OffloadPolicy, got {offload_policy!r}")
+
+
+def _reshard_plan(mesh, reshard_after_forward):
+    """(reshard_after_forward as True/False/None, the process group a rank
+    gathers from in backward when it keeps pieces after forward). An int k,
+    as PyTorch: 1 keeps the parameters unsharded (False), the shard group's
+    size reshards them fully (True), another factor k of it keeps each
+    rank's piece among its k consecutive ranks of the shard group."""
+    k = reshard_after_forward
+    if k is None or isinstance(k, bool):
+        return k, None
+    size = mesh.size(mesh.ndim - 1)
+    if not isinstance(k, int) or k < 1 or size % k:
+        raise ValueError(f"If passing reshard_after_forward as an int, it should be a factor "
+                         f"of {size} (the shard dimension's size of {mesh!r}), not {k!r}")
+    if k in (1, size):
+        return k != 1, None
+    mine = None
+    for line in mesh.mesh.reshape(-1, size):  # every shard group, in the mesh's row order
+        for start in range(0, size, k):  # new_group is collective: every rank makes each
+            ranks = [int(r) for r in line[start:start + k]]
+            group = c10d.new_group(ranks)
+            if runtime.world().rank in ranks:
+                mine = group
+    return k, mine
 
 
 def _shard(param, mesh, placement):
@@ -226,8 +186,9 @@ def _shard(param, mesh, placement):
     if not isinstance(placement, Shard):
         raise NotImplementedError(f"shard_placement_fn returned {placement!r}: spmdnet "
                                   "shards with Shard(dim)")
-    local, dim = local_piece(param.array, mesh, Shard(placement.dim))
-    return DTensor(local, mesh, (Shard(dim),), param.array.shape, param.requires_grad)
+    placements = (Replicate(),) * (mesh.ndim - 1) + (Shard(placement.dim),)
+    local, placements = local_piece(param.array, mesh, placements)
+    return DTensor(local, mesh, placements, param.array.shape, param.requires_grad)
 
 
 def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placement_fn=None,
@@ -245,17 +206,29 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         if not c10d.is_initialized():
             c10d.init_process_group()
         mesh = init_device_mesh("cpu", (runtime.world().size,))
-    _check(mesh, reshard_after_forward, mp_policy, offload_policy)
+    _check(mesh, mp_policy, offload_policy)
     if isinstance(module, FSDPModule):
         raise ValueError(f"fully_shard was already applied to {type(module).__name__}")
-    entries = []
+    reshard_after_forward, kept = _reshard_plan(mesh, reshard_after_forward)
+    entries, devices = [], set()
     for param, slots in _managed(module, ignored_params or ()).values():
         placement = shard_placement_fn(param) if shard_placement_fn is not None else None
-        entry = _Entry(slots, _shard(param, mesh, placement))
+        shard = _shard(param, mesh, placement)
+        devices.add(device_of(shard.array))
+        if isinstance(offload_policy, CPUOffloadPolicy):
+            shard.array = host_copy(shard.array, offload_policy.pin_memory)
+        entry = Entry(slots, shard, shard.placements[-1].dim)
         entry.register(entry.shard)
         entries.append(entry)
         _sharded[id(param)] = weakref.ref(param, functools.partial(_forget, key=id(param)))
-    state = _State(module, mesh, reshard_after_forward, mp_policy, entries)
+    if len(devices) > 1:
+        raise ValueError(f"fully_shard({type(module).__name__}): parameters on several "
+                         f"devices {sorted(devices)}; move the module to one device first")
+    replicate = mesh.get_group(0) if mesh.ndim == 2 else None
+    state = FSDPState(module, entries, devices.pop() if devices else "cpu",
+                      mesh.get_group(mesh.ndim - 1).comm,
+                      None if replicate is None else replicate.comm,
+                      None if kept is None else kept.comm, reshard_after_forward, mp_policy)
     module.__dict__["_fsdp_state"] = state
     module.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)
     module.register_forward_hook(_post_forward)

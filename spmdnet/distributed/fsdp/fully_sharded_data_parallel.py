@@ -22,7 +22,7 @@ import contextlib
 import inspect
 
 from ... import distributed as dist
-from ...parallel.data_parallel import DistributedDataParallel
+from ...nn.parallel.distributed import DistributedDataParallel
 from ...parallel.fsdp import FullyShardedDataParallel as _Sharded
 from .api import FullStateDictConfig, ShardingStrategy, StateDictType
 from .wrap import as_wrap

@@ -1,8 +1,8 @@
 """PyTorch's ``torch.nn.modules``: one file per family of layers, PyTorch's
 file names, so each class's ``__module__`` is the path a pickle records
 (``spmdnet.nn.modules.linear.Linear`` for ``torch.nn.modules.linear.Linear``)."""
-from .activation import ELU, GELU, LeakyReLU, LogSoftmax, MultiheadAttention, ReLU, Sigmoid, \
-    SiLU, Softmax, Softplus, Tanh
+from .activation import ELU, GELU, Hardtanh, LeakyReLU, LogSoftmax, MultiheadAttention, ReLU, \
+    ReLU6, Sigmoid, SiLU, Softmax, Softplus, Tanh
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm
 from .container import ModuleDict, ModuleList, ModuleSequence, ParameterList, Sequential
 from .conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
@@ -22,8 +22,9 @@ from .transformer import Transformer, TransformerDecoder, TransformerDecoderLaye
 from .upsampling import Upsample
 
 __all__ = ["Module", "Linear", "Identity", "Sequential", "ModuleList", "ModuleDict",
-           "ParameterList", "ModuleSequence", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
-           "LeakyReLU", "ELU", "Softplus", "Softmax", "LogSoftmax", "MultiheadAttention",
+           "ParameterList", "ModuleSequence", "ReLU", "ReLU6", "Hardtanh", "GELU", "Tanh",
+           "Sigmoid", "SiLU", "LeakyReLU", "ELU", "Softplus", "Softmax", "LogSoftmax",
+           "MultiheadAttention",
            "Flatten", "Unflatten", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
            "AlphaDropout", "FeatureAlphaDropout", "LayerNorm", "GroupNorm", "InstanceNorm1d",
            "InstanceNorm2d", "Embedding", "Conv1d", "Conv2d", "ConvTranspose1d",

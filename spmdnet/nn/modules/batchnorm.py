@@ -192,7 +192,7 @@ class SyncBatchNorm(_BatchNorm):
         return batch_norm(x, *self._running(), self.weight, self.bias, True, factor,
                           self.eps, group=self._reducer())
 
-    # -- the joinable protocol (parallel/data_parallel/join.py) --------------------------
+    # -- the joinable protocol (nn/parallel/distributed.py's Join) ------------------------
     def join_shadow(self):
         """A rank out of data answers one iteration's reductions with zeros."""
         chain = self._join_chain or [self]

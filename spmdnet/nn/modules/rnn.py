@@ -23,10 +23,12 @@ from ..parameter import Parameter
 GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
 
-def _run(mode, xw, h0, c0, w_hh, b_hh, reverse):
-    """One layer and direction: (hs (T, N, H), h_n, c_n or None)."""
-    if mode == "LSTM":
-        out = LSTMSequence.apply(xw, h0, c0, w_hh, reverse=reverse)
+def _run(mode, xw, h0, c0, w_hh, b_ih, b_hh, reverse):
+    """One layer and direction: (hs (T, N, H), h_n, c_n or None); xw is the
+    input product with ``_input_bias`` added."""
+    if mode == "LSTM":  # both biases go into the op's step pass
+        bias = () if b_ih is None else (b_ih + b_hh,)
+        out = LSTMSequence.apply(xw, h0, c0, w_hh, *bias, reverse=reverse)
         length = out.shape[0] - 1
         hs = out[:length]
         return hs, out[0 if reverse else length - 1], out[length]
@@ -42,10 +44,11 @@ def _run(mode, xw, h0, c0, w_hh, b_hh, reverse):
 
 def _input_bias(mode, b_ih, b_hh):
     """The bias added to the input product: both biases, except for GRU,
-    whose b_hn must stay inside r * (W_hn h + b_hn)."""
+    whose b_hn must stay inside r * (W_hn h + b_hn), and LSTM, whose op adds
+    them in its step pass."""
     if b_ih is None or mode == "GRU":
         return b_ih
-    return b_ih + b_hh
+    return None if mode == "LSTM" else b_ih + b_hh
 
 
 class RNNBase(Module):
@@ -152,7 +155,7 @@ class RNNBase(Module):
                 k = layer * self._directions() + direction
                 xw = F.linear(x, w_ih, _input_bias(self.mode, b_ih, b_hh))
                 hs, h, c = _run(self.mode, xw, h0[k], None if c0 is None else c0[k], w_hh,
-                                b_hh, reverse=direction == 1)
+                                b_ih, b_hh, reverse=direction == 1)
                 outs.append(hs)
                 h_n.append(h)
                 c_n.append(c)
@@ -279,7 +282,8 @@ class RNNCellBase(Module):
             h0, c0 = self._state(hx, x, batched, "hx"), None
         xw = F.linear(x.unsqueeze(0), self.weight_ih,
                       _input_bias(self.mode, self.bias_ih, self.bias_hh))
-        _, h, c = _run(self.mode, xw, h0, c0, self.weight_hh, self.bias_hh, reverse=False)
+        _, h, c = _run(self.mode, xw, h0, c0, self.weight_hh, self.bias_ih, self.bias_hh,
+                       reverse=False)
         if not batched:
             h, c = h.squeeze(0), (None if c is None else c.squeeze(0))
         return h if c is None else (h, c)

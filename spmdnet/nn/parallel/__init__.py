@@ -1,9 +1,8 @@
 """``torch.nn.parallel``'s path: ``DataParallel`` is PyTorch's single-process
 wrapper (``data_parallel.py``); ``DistributedDataParallel`` is spmdnet's data
-parallelism (``spmdnet.parallel.data_parallel``, also at PyTorch's path
-``nn.parallel.distributed``), with the strategies a layer above nn: importing
-nn does not import it, ``import spmdnet`` does, and the name resolves here
-from the loaded module.
+parallelism, at PyTorch's ``distributed.py``. That module sits with the
+strategies, a layer above nn, so this package does not import it: ``import
+spmdnet`` loads it, and the name resolves here from the loaded submodule.
 """
 import sys
 
@@ -14,5 +13,13 @@ __all__ = ["DistributedDataParallel", "DataParallel"]
 
 def __getattr__(name):
     if name == "DistributedDataParallel":
-        return sys.modules["spmdnet.parallel.data_parallel"].DistributedDataParallel
+        loaded = sys.modules.get(f"{__name__}.distributed")
+        if loaded is None:
+            raise AttributeError(f"{__name__}.DistributedDataParallel: import spmdnet first "
+                                 "(it loads spmdnet.nn.parallel.distributed)")
+        return loaded.DistributedDataParallel
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *__all__})

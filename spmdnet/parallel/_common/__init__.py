@@ -5,8 +5,9 @@
 - ``wrapping``: the same-model check at wrap time, the backward sentinel,
   ``no_sync`` and the ``nonfinite=`` check agreed by all ranks;
 - ``grad_buffer``: ``ParamAndGradBuffer``, the flat parameter and gradient
-  storage and gradient buckets under DataParallel and ZeRO (its collectives
-  in ``distributed.bucket_collectives``), with ``reductions`` its comm hooks;
+  storage and gradient buckets (``bucket``) under DataParallel, ZeRO and
+  FSDP (its collectives in ``distributed.bucket_collectives``), with
+  ``reductions`` its comm hooks and the one averaging rule;
 - ``norm``: the one cross-rank gradient norm behind every sharded
   ``clip_grad_norm_`` and ``parallel.clip_grad_norm_``.
 """

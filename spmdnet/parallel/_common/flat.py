@@ -8,8 +8,9 @@ and size, the total, and the padding to ``parts`` equal shards (ZeRO, FSDP:
 rank r owns shard r). It makes views into a buffer and copies arrays in and
 out; the buffers themselves belong to the strategies.
 
-Parameters are grouped into buckets by ``assign_buckets`` (whole parameters,
-one dtype each, at most a byte cap), shared by DataParallel and ZeRO-2.
+Parameters are grouped into layouts by ``dtype_groups`` (one per dtype)
+and into buckets by ``assign_buckets`` (whole parameters, one dtype each,
+at most a byte cap), shared by DataParallel and ZeRO-2.
 """
 import math
 from itertools import accumulate
@@ -88,3 +89,13 @@ def assign_buckets(params, first_bytes, cap_bytes):
     if current:
         groups.append(current)
     return groups
+
+
+def dtype_groups(params, parts):
+    """``[(dtype, params, FlatLayout)]``: one layout group per dtype, its
+    parameters in registration order, padded to ``parts`` shards."""
+    by_dtype = {}
+    for p in params:
+        by_dtype.setdefault(p.array.dtype, []).append(p)
+    return [(dtype, group, FlatLayout([p.array.shape for p in group], parts))
+            for dtype, group in by_dtype.items()]

@@ -1,33 +1,48 @@
-"""The parameter-and-gradient buffer under DataParallel and ZeRO: flat
-storage per dtype, gradient buckets reduced during backward, written once.
+"""The parameter-and-gradient buffer under DataParallel, ZeRO and FSDP:
+flat storage per layout group, gradient buckets reduced during backward.
 
 ``ParamAndGradBuffer(params, ...)`` (Megatron-LM's name; PyTorch DDP's
-reducer with a comm hook is the other model) lays the parameters of each
-dtype one after the other in registration order (``FlatLayout``, padded to
-``parts`` equal shards when sharded). With ``flat_params`` the parameters'
-arrays become views of one flat array per dtype (``param_flats``; ZeRO
-updates and all-gathers them in place, and a fused optimizer can step on
-them in one pass), claimed so ``p.data = t`` is refused while it holds them.
+reducer with a comm hook is the other model) lays the parameters out in
+layout groups, each a ``FlatLayout`` padded to ``parts`` equal shards:
+by default one group per dtype in registration order; ``groups`` names
+them instead (FSDP: one per flat shard, with the flat's own layout). With
+``flat_params`` the parameters' arrays become views of one flat array per
+group (``param_flats``; ZeRO updates and all-gathers them in place, and a
+fused optimizer can step on them in one pass), claimed so ``p.data = t`` is
+refused while it holds them.
 
 With a ``reduction`` (``reductions.AllReduce`` for DataParallel,
-``reductions.ReduceScatter`` for ZeRO-2) the gradients are bucketed: whole
-parameters in reverse registration order (the order backward makes them
-final), one dtype per bucket, the first bucket small (1 MB) and the others up
-to ``bucket_mb`` (DDP's defaults), each bucket a contiguous range of its
-dtype's layout. Backward writes each gradient straight into its bucket
-(``autograd.grad_placement``, gradient-as-bucket-view); a post-accumulate
-hook counts the bucket's parameters, and a full bucket starts its collective
-(``distributed.bucket_collectives``), strictly in bucket order, overlapped
-with the rest of backward. When backward ends (``queue_callback``) the
-parameters that got no gradient contribute zeros, the remaining buckets
-start, all complete in order, and the reduction averages and delivers them.
+``reductions.ReduceScatter`` for ZeRO-2 and FSDP) the gradients are
+bucketed (``bucket.Bucket``): whole parameters in reverse registration
+order (the order backward makes them final), one group per bucket, the
+first bucket small (1 MB) and the others up to ``bucket_mb`` (DDP's
+defaults); ``bucket_mb=None``: one bucket per group, covering its whole
+padded layout. Backward writes each gradient straight into its bucket
+(``autograd.grad_placement``, gradient-as-bucket-view).
 
-``grads="persistent"`` (DataParallel): one flat gradient array per dtype
-(``grad_flats``) kept between steps; each ``.grad`` is a Tensor over its
-view, made once (``homes``). ``grads="transient"`` (ZeRO-2): a bucket's
-storage exists from its first gradient until its collective has landed,
-``.grad`` is dropped once copied, and at most ``in_flight`` buckets travel
-at once (starting bucket k completes bucket k - in_flight).
+When a bucket starts (``start="hooks"``, DataParallel and ZeRO): a
+post-accumulate hook counts the bucket's parameters, and a full bucket
+starts its collective (``distributed.bucket_collectives``), strictly in
+bucket order, overlapped with the rest of backward; the end of backward
+(``queue_callback``) calls ``finish``. ``start="call"`` (FSDP, whose units
+recompute inside their own backward, so only the wrapper knows when a
+unit's gradients are final): the wrapper calls ``open(buckets)`` before a
+unit's backward (its parameters' gradients go into the buckets),
+``start(buckets)`` at its end (or ``collect(buckets)`` under ``no_sync``:
+the gradients stay, and later ones add to them) and ``finish()`` when
+backward ends; every rank calls them in the same order.
+
+``finish``: buckets not started (parameters that got no gradient contribute
+zeros) start, all complete in start order, the reduction averages and
+delivers them, ``on_finish()`` runs. ``grads="persistent"`` (DataParallel):
+one flat gradient array per group (``grad_flats``) kept between steps; each
+``.grad`` is a Tensor over its view, made once (``homes``).
+``grads="transient"`` (ZeRO-2, FSDP): a bucket's storage exists from its
+first gradient until its collective has landed (``alloc``/``free``: where
+it comes from and goes back to, FSDP's buffer pool), ``.grad`` is dropped
+once in the storage, and with ``in_flight`` at most that many starts (a
+hook's bucket, or one ``start`` call's buckets) travel at once: the start
+after them completes the oldest (0: each start completes at once).
 
 ``nonfinite`` other than "ignore": each bucket's local gradients are scanned
 before its collective (``bad``: the names of the parameters with NaN/Inf);
@@ -35,115 +50,102 @@ before its collective (``bad``: the names of the parameters with NaN/Inf);
 """
 from ... import distributed as dist
 from ..._owned_storage import claim, release
-from ..._tensor import Tensor
 from ...autograd import queue_callback
 from ...autograd.grad_placement import grad_home, place_grad
 from ...backend import is_cupy_array, xp_of
 from ...distributed.bucket_collectives import BucketComm
-from .flat import FlatLayout, assign_buckets, bucket_bytes
+from .bucket import Bucket
+from .flat import assign_buckets, bucket_bytes, dtype_groups
 from .wrapping import agree_nonfinite, nonfinite_names
 
 PLACED_ELSEWHERE = ("{who}: parameter {name} already has its gradient placed by another "
                     "wrapper (a parameter's gradients can be reduced by one wrapper only)")
-
-
-class Bucket:
-    """Parameters ``params`` (one dtype) covering ``[start, stop)`` of their
-    dtype's layout. ``buffer``: the bucket's gradient storage (None while a
-    transient bucket holds nothing); ``views``/``homes``: each parameter's
-    part of it, as an array and as the Tensor that becomes its ``.grad``."""
-
-    def __init__(self, index, params, layout, offsets):
-        self.index, self.params, self.layout = index, params, layout
-        self.dtype = params[0].array.dtype
-        self.start = min(offsets[id(p)] for p in params)
-        self.stop = max(offsets[id(p)] + p.array.size for p in params)
-        self._at = [offsets[id(p)] - self.start for p in params]
-        self.buffer = self.views = self.homes = None
-        self.work = None            # the collective in flight
-        self.ready = 0              # parameters whose gradient is final this backward
-        self.landed = self.waited = False
-
-    @property
-    def nbytes(self):
-        return (self.stop - self.start) * self.dtype.itemsize
-
-    def attach(self, buffer):
-        """Make ``buffer`` (its flat range) this bucket's storage."""
-        self.buffer = buffer
-        self.views = [buffer[a:a + p.array.size].reshape(p.array.shape)
-                      for a, p in zip(self._at, self.params)]
-        self.homes = [Tensor(v) for v in self.views]
-
-    def reset(self):
-        self.ready, self.landed, self.waited, self.work = 0, False, False, None
+STARTS = ("hooks", "call")
 
 
 class ParamAndGradBuffer:
     """See the module docstring. ``names``: one per parameter (errors and the
     non-finite report; ``claim_names`` in the ``p.data = t`` refusal, default
     ``names``); ``comm``: the communicator of the collectives;
-    ``who``: the wrapper's name in messages; ``enabled()``: whether this
-    backward reduces (DataParallel's ``no_sync`` says no); ``on_finish()``:
-    called after each backward's reduction."""
+    ``who``: the wrapper's name in messages; ``groups``: ``[(key, params,
+    layout)]`` covering ``params`` (default: by dtype); ``enabled()``: whether
+    this backward reduces (DataParallel's ``no_sync`` says no); ``on_finish()``:
+    called after each backward's reduction; ``alloc(xp, n, dtype)`` /
+    ``free(array)``: transient storage (default: new zeros, dropped)."""
 
-    def __init__(self, params, names, comm, *, who, reduction=None, parts=1,
+    def __init__(self, params, names, comm, *, who, reduction=None, parts=1, groups=None,
                  flat_params=False, claim_names=None, grads="persistent", bucket_mb=25.0,
                  mode="nonblocking", in_flight=None, nonfinite="ignore", enabled=None,
-                 on_finish=None):
+                 on_finish=None, start="hooks", alloc=None, free=None):
         if grads not in ("persistent", "transient"):
             raise ValueError(f"grads must be 'persistent' or 'transient', got {grads!r}")
+        if start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, got {start!r}")
         self.params, self.names, self.who = list(params), list(names), who
         self._name_of = {id(p): n for p, n in zip(self.params, self.names)}
-        by_dtype = {}
-        for p in self.params:
-            by_dtype.setdefault(p.array.dtype, []).append(p)
-        self.layouts, self.offsets = {}, {}
-        for dtype, group in by_dtype.items():
-            layout = self.layouts[dtype] = FlatLayout([p.array.shape for p in group], parts)
-            self.offsets.update((id(p), off) for p, off in zip(group, layout.offsets))
+        self.groups = groups if groups is not None else dtype_groups(self.params, parts)
+        self.layouts = {key: layout for key, _, layout in self.groups}
+        self._slot = {id(p): (key, i) for key, group, _ in self.groups
+                      for i, p in enumerate(group)}
         self.param_flats, self.grad_flats = {}, {}
         self._claimed = []
         if flat_params:
-            self._flatten_params(by_dtype, claim_names or self.names)
+            self._flatten_params(claim_names or self.names)
         self.reduction, self.persistent = reduction, grads == "persistent"
         self.buckets, self._hooks = [], []
-        self.bad, self.exposed_s, self.reductions = [], 0.0, 0
+        self.bad, self.exposed_s, self.wait_s, self.reductions = [], 0.0, 0.0, 0
         if reduction is None:
             return
         for p in self.params:
             if grad_home(p, resolve=False) is not None:
                 raise ValueError(PLACED_ELSEWHERE.format(who=who, name=self._name_of[id(p)]))
-        first, cap = bucket_bytes(bucket_mb)
-        groups = assign_buckets(list(reversed(self.params)), first, cap)
-        self.buckets = [Bucket(i, g, self.layouts[g[0].array.dtype], self.offsets)
-                        for i, g in enumerate(groups)]
+        self.buckets = self._make_buckets(bucket_mb)
+        self.group_buckets = {key: [b for b in self.buckets if b.key == key]
+                           for key, _, _ in self.groups}
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._index_in = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
         self.bc = BucketComm(comm, mode)
         self.size = self.bc.size
-        self.check, self.in_flight = nonfinite != "ignore", in_flight
+        self.check, self.in_flight, self.by_hooks = nonfinite != "ignore", in_flight, \
+            start == "hooks"
         self.enabled = enabled or (lambda: True)
         self.on_finish = on_finish
-        self._next, self._scheduled = 0, False
-        self.started_early = 0     # of the last backward's buckets, started from hooks
+        self._alloc, self._free = alloc, free
+        self._next, self._scheduled, self._waves = 0, False, []
+        self.started_early = 0     # of the last backward's buckets, started before finish
         if self.persistent:
-            self._persistent_homes(by_dtype)
+            self._persistent_homes()
         else:
-            for p in self.params:
-                p.grad = None      # gradients from before wrapping are not kept
-                place_grad(p, self._staging_home)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                       for p in self.params]
+            self.drop_grads()      # gradients from before wrapping are not kept
+            if self.by_hooks:      # with start="call", ``open`` places them
+                self.open(self.buckets)
+        if self.by_hooks:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                           for p in self.params]
 
     # -- storage -------------------------------------------------------------------
-    def _flatten_params(self, by_dtype, claim_names):
+    def _make_buckets(self, bucket_mb):
+        """Buckets in reduction order: per group (groups in reverse order), its
+        parameters in reverse order, cut by ``bucket_mb`` (None: one per group)."""
+        if bucket_mb is None:
+            return [Bucket(i, key, group, layout, range(len(group)), whole=True)
+                    for i, (key, group, layout) in enumerate(self.groups)]
+        first, cap = bucket_bytes(bucket_mb)
+        cut = assign_buckets(list(reversed(self.params)), first, cap)
+        buckets = []
+        for params in cut:
+            key = self._slot[id(params[0])][0]
+            buckets.append(Bucket(len(buckets), key, params, self.layouts[key],
+                                  [self._slot[id(p)][1] for p in params]))
+        return buckets
+
+    def _flatten_params(self, claim_names):
         claim_name = {id(p): n for p, n in zip(self.params, claim_names)}
-        for dtype, group in by_dtype.items():
-            layout = self.layouts[dtype]
+        for key, group, layout in self.groups:
             xp = xp_of(group[0].array)
-            flat = layout.pack(xp.zeros(layout.padded_numel, dtype), [p.array for p in group])
-            self.param_flats[dtype] = flat
+            flat = layout.pack(xp.zeros(layout.padded_numel, group[0].array.dtype),
+                               [p.array for p in group])
+            self.param_flats[key] = flat
             for p, view in zip(group, layout.views(flat)):
                 p.array = view  # from now on updated in place (optimizer, all-gather)
                 claim(p, f"{claim_name[id(p)]} of {self.who}")
@@ -154,24 +156,37 @@ class ParamAndGradBuffer:
         claim(tensor, owner)
         self._claimed.append(tensor)
 
-    def _persistent_homes(self, by_dtype):
-        for dtype, group in by_dtype.items():
-            self.grad_flats[dtype] = xp_of(group[0].array).zeros(
-                self.layouts[dtype].padded_numel, dtype)
+    def _persistent_homes(self):
+        for key, group, layout in self.groups:
+            self.grad_flats[key] = xp_of(group[0].array).zeros(layout.padded_numel,
+                                                              group[0].array.dtype)
         for bucket in self.buckets:
-            bucket.attach(self.grad_flats[bucket.dtype][bucket.start:bucket.stop])
+            bucket.attach(self.grad_flats[bucket.key][bucket.start:bucket.stop])
             for p, home in zip(bucket.params, bucket.homes):
                 if p.grad is not None:
                     home.array[...] = p.grad.array
                     p.grad = home
                 place_grad(p, home)
 
+    def _new_storage(self, bucket):
+        xp, n = xp_of(bucket.params[0].array), bucket.stop - bucket.start
+        if self._alloc is None:
+            return xp.zeros(n, bucket.dtype)
+        buf = self._alloc(xp, n, bucket.dtype)
+        buf[...] = 0
+        return buf
+
     def _staging_home(self, p):
         """Where a transient bucket's parameter's gradient goes: its bucket,
-        whose storage is made by the first gradient that arrives."""
+        whose storage is made by the first gradient that arrives (None, the
+        default placement, while the storage carries earlier gradients:
+        ``collect`` adds them)."""
         bucket = self._bucket_of[id(p)]
+        self._reopen(bucket)
+        if bucket.carried:
+            return None
         if bucket.buffer is None:
-            bucket.attach(xp_of(p.array).zeros(bucket.stop - bucket.start, bucket.dtype))
+            bucket.attach(self._new_storage(bucket))
         return bucket.homes[self._index_in[id(p)]]
 
     # -- during backward -----------------------------------------------------------
@@ -196,7 +211,8 @@ class ParamAndGradBuffer:
         bucket.ready += 1
         while self._next < len(self.buckets) and (
                 self.buckets[self._next].ready == len(self.buckets[self._next].params)):
-            self._start(self.buckets[self._next])
+            self._next += 1
+            self._start_wave([self.buckets[self._next - 1]])
         self.progress()
 
     def _bring_home(self, bucket, i):
@@ -209,22 +225,62 @@ class ParamAndGradBuffer:
             view[...] = p.grad.array
             p.grad = home
 
-    def _start(self, bucket):
-        if self.check:
-            self.bad += nonfinite_names(bucket.views, [self._name_of[id(p)] for p in bucket.params],
-                                        whole=bucket.buffer)
-        bucket.work = self.reduction.start(self.bc, bucket)
-        self._next += 1
-        if self.in_flight and bucket.index >= self.in_flight:  # bound the staging memory
-            self._complete(self.buckets[bucket.index - self.in_flight])
+    def open(self, buckets):
+        """Backward's gradients of the buckets' parameters go into their
+        storage from now on (``start="call"``: until ``collect``/``start``)."""
+        for bucket in buckets:
+            for p in bucket.params:
+                place_grad(p, self._staging_home)
+
+    def collect(self, buckets):
+        """``start="call"``: the buckets' gradients of this backward are final
+        but not reduced yet (``no_sync``): into their storage, kept; the
+        parameters' ``.grad`` dropped, their placement ended."""
+        for bucket in buckets:
+            self._reopen(bucket)
+            bucket.collect(lambda b=bucket: self._new_storage(b))
+            for p in bucket.params:
+                place_grad(p, None)
+
+    def _reopen(self, bucket):
+        """A bucket that gets gradients again after its reduction started in
+        this backward (an FSDP unit called twice in one forward): that
+        reduction lands first, the new gradients start another."""
+        if bucket.started:
+            self._complete(bucket)
+            bucket.reset()
+
+    def start(self, buckets):
+        """``start="call"``: the buckets' gradients are final: collect them
+        (zeros where none arrived) and start their collectives, as one start
+        (``in_flight`` counts starts). Every rank calls it in the same order."""
+        buckets = list(buckets)
+        self.collect(buckets)
+        for bucket in buckets:
+            self._fill(bucket)
+        self._start_wave(buckets)
+
+    def _start_wave(self, buckets):
+        for bucket in buckets:
+            if self.check:
+                self.bad += nonfinite_names(
+                    bucket.views, [self._name_of[id(p)] for p in bucket.params],
+                    whole=bucket.buffer)
+            bucket.work = self.reduction.start(self.bc, bucket)
+            bucket.started = True
+        self._waves.append(buckets)
+        if self.in_flight is not None and len(self._waves) > self.in_flight:  # bound memory
+            for bucket in self._waves[-1 - self.in_flight]:
+                self._complete(bucket)
 
     def _complete(self, bucket):
-        """Wait for the bucket's collective and land it: once per bucket per
-        backward, at the same point on every rank."""
-        if bucket.waited:
+        """Wait for the bucket's collective and land it: once per start, at
+        the same point on every rank."""
+        if bucket.work is None:
             return
-        bucket.waited = True
-        self.exposed_s += bucket.work.wait()
+        waited = bucket.work.wait()
+        self.exposed_s += waited
+        self.wait_s += waited
         bucket.work = None
         if not bucket.landed:
             self._land(bucket)
@@ -232,15 +288,17 @@ class ParamAndGradBuffer:
     def _land(self, bucket):
         self.reduction.land(bucket)
         bucket.landed = True
-        if not self.persistent:  # the staging storage is freed
-            bucket.buffer = bucket.views = bucket.homes = None
+        if not self.persistent:  # the staging storage goes back
+            buffer = bucket.detach()
+            if self._free is not None:
+                self._free(buffer)
 
     def progress(self):
         """Let MPI progress the collectives in flight; transient buckets that
         are done land (in order), so their storage is freed early."""
-        started = self.buckets[:self._next]
+        started = [b for wave in self._waves for b in wave]
         if self.persistent:
-            self.bc.progress([b.work for b in started if not b.waited])
+            self.bc.progress([b.work for b in started])
             return
         for bucket in started:
             if bucket.landed:
@@ -250,18 +308,23 @@ class ParamAndGradBuffer:
             self._land(bucket)
 
     def finish(self):
-        """After backward: parameters without a gradient contribute zeros, the
-        remaining buckets start, all complete in order, then ``on_finish``."""
-        self.started_early = self._next
+        """After backward: the buckets not started (in bucket order) start,
+        with zeros for parameters without a gradient; all complete in start
+        order, then ``on_finish``."""
+        self.started_early = sum(b.started for b in self.buckets)
         self.exposed_s = 0.0
-        for bucket in self.buckets[self._next:]:
-            self._fill(bucket)
-            self._start(bucket)
         for bucket in self.buckets:
-            self._complete(bucket)
+            if not bucket.started:
+                if not self.by_hooks:
+                    self.collect([bucket])
+                self._fill(bucket)
+                self._start_wave([bucket])
+        for wave in self._waves:
+            for bucket in wave:
+                self._complete(bucket)
         for bucket in self.buckets:
             bucket.reset()
-        self._next, self._scheduled = 0, False
+        self._next, self._scheduled, self._waves = 0, False, []
         self.reductions += 1
         self.reduction.finished()
         if self.on_finish is not None:
@@ -270,8 +333,7 @@ class ParamAndGradBuffer:
     def _fill(self, bucket):
         if not self.persistent:
             if bucket.buffer is None:  # no gradient arrived: zeros
-                bucket.attach(xp_of(bucket.params[0].array).zeros(
-                    bucket.stop - bucket.start, bucket.dtype))
+                bucket.attach(self._new_storage(bucket))
             return
         for i, (p, view, home) in enumerate(zip(bucket.params, bucket.views, bucket.homes)):
             if p.grad is None:

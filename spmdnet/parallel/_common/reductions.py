@@ -2,14 +2,26 @@
 collective it starts and how the result lands (the mean over the ranks).
 
 - ``AllReduce`` (DataParallel): every rank gets the bucket's mean, in place.
-- ``ReduceScatter`` (ZeRO-2): rank r gets the mean of the part of the bucket
-  inside its shard r of the padded layout, into (or added to) its gradient
-  shard.
+- ``ReduceScatter`` (ZeRO-2, FSDP): rank r gets the mean of the part of the
+  bucket inside its shard r of the bucket's padded layout, into (or added
+  to) that layout's gradient shard (a ``ShardTarget``: ZeRO's one gradient
+  shard array, or ``ParamShardTarget``: an FSDP shard Parameter's ``.grad``).
 A reduction is the buffer's comm hook: ``start(bc, bucket)`` returns the
 started ``bucket_collectives.Work``; ``land(bucket)`` runs once it is done;
 ``finished()`` after each backward.
+
+The mean is one rule everywhere (``average``): the sum over the ranks, then
+divided by their number (the serial oracle's ``sum / N``, correctly rounded;
+multiplying by ``1 / N`` differs in the last bit for N = 3).
 """
+from ..._tensor import Tensor
 from ...backend import xp_of
+
+
+def average(array, size):
+    """The sum over ``size`` ranks in ``array`` made their mean, in place."""
+    if size > 1 and array.dtype.kind in "fc":
+        array /= size
 
 
 class AllReduce:
@@ -20,46 +32,110 @@ class AllReduce:
         return bc.all_reduce(bucket.buffer, f"allreduce(gradient bucket {bucket.index})")
 
     def land(self, bucket):
-        if bucket.dtype.kind in "fc" and self.size > 1:
-            bucket.buffer *= 1.0 / self.size
+        average(bucket.buffer, self.size)
 
     def finished(self):
         pass
 
 
-class ReduceScatter:
-    """Into ``shard`` (this rank's gradient shard, covering ``[lo, lo + len)``
-    of the padded layout). ``fresh``: the shard holds no gradient yet (after
-    ``zero_grad``), so the reduced part is received straight into it; later
-    backward passes add into it (gradient accumulation)."""
+class ShardTarget:
+    """This rank's gradient shard of a layout: ``array``, positions
+    ``[lo, lo + array.size)`` of it. ``fresh``: it holds no gradient yet
+    (after ``zero_grad``), so a reduction is received straight into it;
+    otherwise it is added (gradient accumulation). Fresh again only when
+    its owner says so: after a backward's reduction it is not."""
 
-    def __init__(self, shard, lo, size, label="ZeRO-2 gradient bucket"):
-        self.shard, self.lo, self.size, self.label = shard, lo, size, label
-        self.fresh = True
-        self._received = {}  # bucket index -> (offset in the shard, receive buffer)
+    def __init__(self, array, lo):
+        self.array, self.lo, self.fresh = array, lo, True
+
+    def receive_into(self):
+        return self.array
+
+    def delivered(self):
+        pass
+
+    def finished(self):
+        self.fresh = False
+
+
+class ParamShardTarget:
+    """The ``.grad`` of a shard Parameter covering ``[lo, lo + numel)``:
+    fresh while it is None; the first reduction then receives into a new
+    zero array (the padding stays zero) that becomes the ``.grad``."""
+
+    def __init__(self, param, lo):
+        self.param, self.lo, self._new = param, lo, None
+
+    @property
+    def fresh(self):
+        return self.param.grad is None
+
+    @property
+    def array(self):
+        return self.param.grad.array
+
+    def receive_into(self):
+        if self._new is None:
+            shard = self.param.array
+            self._new = xp_of(shard).zeros(shard.size, shard.dtype)
+        return self._new
+
+    def delivered(self):
+        if self.param.grad is None:
+            self.param.grad = Tensor(self._new)
+
+    def finished(self):
+        self._new = None
+
+
+class ReduceScatter:
+    """Into ``shard`` (this rank's gradient shard array, covering
+    ``[lo, lo + len)`` of every bucket's layout: ZeRO-2, ``fresh`` after its
+    ``zero_grad``), or with ``targets`` (``{layout key: target}``, one per
+    layout group: FSDP) into the bucket's layout's target."""
+
+    def __init__(self, shard=None, lo=0, size=1, label="ZeRO-2 gradient bucket", targets=None):
+        self.size, self.label = size, label
+        self._one = None if targets is not None else ShardTarget(shard, lo)
+        self.targets = targets if targets is not None else {}
+        self._received = {}  # bucket index -> (target, offset in the shard, receive buffer, fresh)
+
+    @property
+    def fresh(self):
+        return self._one.fresh
+
+    @fresh.setter
+    def fresh(self, value):
+        self._one.fresh = value
 
     def start(self, bc, bucket):
-        layout, lo = bucket.layout, self.lo
+        layout = bucket.layout
+        target = self._one or self.targets[bucket.key]
+        lo = target.lo
         counts = [max(0, min(bucket.stop, hi) - max(bucket.start, a))
                   for a, hi in map(layout.shard_range, range(layout.parts))]
         a = max(bucket.start, lo)
-        n = max(0, min(bucket.stop, lo + self.shard.size) - a)
+        n = max(0, min(bucket.stop, lo + layout.shard_numel) - a)
         at = a - lo if n else 0
-        recv = self.shard[at:at + n] if self.fresh else xp_of(self.shard).empty(n,
-                                                                                 self.shard.dtype)
-        self._received[bucket.index] = (at, recv)
+        fresh = target.fresh
+        if fresh:
+            recv = target.receive_into()[at:at + n]
+        else:
+            recv = xp_of(bucket.buffer).empty(n, bucket.dtype)
+        self._received[bucket.index] = (target, at, recv, fresh)
         return bc.reduce_scatter(bucket.buffer, recv, counts,
                                  f"reduce_scatter({self.label} {bucket.index})")
 
     def land(self, bucket):
-        at, recv = self._received.pop(bucket.index)
+        target, at, recv, fresh = self._received.pop(bucket.index)
         n = recv.size
         if n:
-            inv = 1.0 / self.size
-            if self.fresh:
-                recv *= inv
-            else:
-                self.shard[at:at + n] += recv * inv
+            average(recv, self.size)
+        if fresh:
+            target.delivered()
+        elif n:
+            target.array[at:at + n] += recv
 
     def finished(self):
-        self.fresh = False
+        for target in [self._one] if self._one is not None else self.targets.values():
+            target.finished()

@@ -11,21 +11,27 @@ multiple of the group size N, ceil(numel / N) elements each);
 Full parameters exist only while their unit runs. A wrapped unit is one
 autograd ``Function`` (``units.UnitRun``): all-gather, forward without a
 graph, free; in backward all-gather again, recompute the unit's forward with
-a graph, backpropagate, start the non-blocking reduce-scatter of the flat
-gradient into the shard's ``.grad`` (the mean over the group, as
-DataParallel; it travels during the earlier units' backward, polled from
-the parameters' gradient hooks, and is complete when backward returns),
-free. Gathered parameters and flat gradients are pooled buffers, reused
-from unit to unit and step to step (``units.Pool``). Only a unit's
-inputs are kept between forward and backward (activation checkpointing per
-unit: about one more forward of compute); ``state_dict`` works there too.
-The root unit, and every unit with ``reshard_after_forward=False``, is
-gathered for the whole forward and backward and reduced when backward ends.
-Parameters that get no gradient contribute zeros, also where a unit's
-output reaches the loss on some ranks only (every unit's backward runs on
-every rank, see ``units``). All ranks must run the
-same units in the same order (as PyTorch's FSDP). A parameter shared by two
-units is an error; one shared inside a unit is fine.
+a graph, backpropagate, start the reduce-scatter of its gradients, free.
+
+The gradients are the one ``ParamAndGradBuffer`` of DataParallel and ZeRO
+(``_common.grad_buffer``), configured as: one layout group and one bucket
+per flat (its padded layout), transient storage from the pool, started by
+the wrapper (``start="call"``) at each unit's backward end, a
+``reductions.ReduceScatter`` into each shard's ``.grad`` (the mean over the
+group, as DataParallel), one unit's buckets in flight while the previous
+unit recomputes (polled from the parameters' gradient hooks), all complete
+when backward returns. Under ``no_sync`` a unit's gradients stay in its
+buckets and the next backward adds to them. Gathered parameters and
+gradient buckets are pooled buffers, reused from unit to unit and step to
+step (``units.Pool``). Only a unit's inputs are kept between forward and
+backward (activation checkpointing per unit: about one more forward of
+compute); ``state_dict`` works there too. The root unit, and every unit
+with ``reshard_after_forward=False``, is gathered for the whole forward and
+backward and reduced when backward ends. Parameters that get no gradient
+contribute zeros, also where a unit's output reaches the loss on some ranks
+only (every unit's backward runs on every rank, see ``units``). All ranks
+must run the same units in the same order (as PyTorch's FSDP). A parameter
+shared by two units is an error; one shared inside a unit is fine.
 
 Parameter groups (minGPT's "no weight decay on biases and LayerNorm"): a
 shard is updated as one tensor, so ``param_groups=fn`` at construction
@@ -42,12 +48,13 @@ from ..._owned_storage import release
 from ..._tensor import Tensor
 from ...backend import xp_of
 from ...autograd import is_grad_enabled, queue_callback
-from ...autograd.grad_placement import place_grad
 from ...nn.modules.module import Module
+from .._common.grad_buffer import ParamAndGradBuffer
 from .._common.norm import clip_arrays_
-from .._common.wrapping import NoSync, agree_nonfinite, nonfinite_mode, wrapping
+from .._common.reductions import ParamShardTarget, ReduceScatter
+from .._common.wrapping import NoSync, nonfinite_mode, wrapping
 from .optim_state import full_optim_state, load_full_optim_state
-from .prefetch import Prefetcher, ReduceScatters
+from .prefetch import Prefetcher
 from .module_hooks import run_unit, state_hooks, unit_hooks
 from .units import ChainEnd, Pool, Unit
 from .wrap import optimizer_groups, owners, policy, split_flats
@@ -63,7 +70,8 @@ class FullyShardedDataParallel(NoSync, Module):
     all-gather while this one computes (``prefetch``). ``overlap``:
     reduce-scatter each unit's gradient non-blocking as soon as its backward
     is done, overlapped with the earlier units' backward (False: blocking,
-    for comparison). ``nonfinite``:
+    for comparison). ``buffer``: the ``ParamAndGradBuffer`` of the
+    gradients (``buffer.wait_s``: seconds waited for them). ``nonfinite``:
     as DataParallel's ("ignore"/None, "raise" or "skip"), local gradients
     checked before their reduce-scatter, the decision agreed by all ranks.
     ``param_groups``: ``fn(name, p)`` returning a dict of optimizer options
@@ -92,16 +100,16 @@ class FullyShardedDataParallel(NoSync, Module):
         self._finish_scheduled = self._open_forward = False
         self._chaining, self._last_unit_out = False, None  # see units.ChainEnd
         self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
-        self.reducer = ReduceScatters(self.comm, overlap)
         for uname, (mod, params) in owners(module, policy(wrap)).items():
             flats = split_flats(params, self._group_fn, self.comm, source=self.prefetcher,
-                                pool=self.pool, check_nonfinite=self.nonfinite != "ignore")
+                                pool=self.pool)
             if uname and not flats:
                 continue  # a wrapped module with no parameters of its own runs as it is
             unit = Unit(uname, mod, flats, recompute=bool(uname) and reshard_after_forward)
             self.units.append(unit)
             if unit.recompute:  # its hooks gather, free and record the UnitRun
                 self._module_hooks += unit_hooks(self, unit)
+        self.buffer = self._gradient_buffer(overlap)
         # MPICH progresses non-blocking collectives only inside MPI calls: every
         # gradient accumulated into a unit parameter polls the requests in flight.
         self._hooks = [p.register_post_accumulate_grad_hook(self._poke_hook)
@@ -112,6 +120,26 @@ class FullyShardedDataParallel(NoSync, Module):
         for i, unit in enumerate(self.units):
             for j, f in enumerate(unit.flats):
                 self.register_parameter(f"shard_{i}_{j}", f.shard)
+
+    def _gradient_buffer(self, overlap):
+        """The gradients' ``ParamAndGradBuffer``: one group and one bucket per
+        flat (the flat is the group's key), reduce-scattered into the shards'
+        ``.grad``."""
+        flats = self.flats()
+        groups = [(f, f.params, f.layout) for f in flats]
+        targets = {f: ParamShardTarget(f.shard, f.layout.shard_range(self.rank)[0])
+                   for f in flats}
+        return ParamAndGradBuffer(
+            [p for f in flats for p in f.params], [n for f in flats for n in f.names],
+            self.comm, who="FullyShardedDataParallel", groups=groups, bucket_mb=None,
+            reduction=ReduceScatter(size=self.size, label="FSDP gradient", targets=targets),
+            grads="transient", start="call", mode="nonblocking" if overlap else "none",
+            in_flight=1 if overlap else 0,  # overlap=False: each unit's completes at once
+            nonfinite=self.nonfinite, on_finish=self._after_reduction,
+            alloc=self.pool.take, free=self.pool.give)
+
+    def _buckets(self, unit):
+        return [b for f in unit.flats for b in self.buffer.group_buckets[f]]
 
     def record_unit(self, unit, args, kwargs, data, rng):
         """A wrapped unit's training forward is done (``module_hooks``): its
@@ -133,14 +161,12 @@ class FullyShardedDataParallel(NoSync, Module):
         for unit in kept:
             unit.gather()
             if grad:
-                unit.open_grads()
-        for unit in self.units:
-            unit.ran_backward = False
+                self.open_grads(unit)
         self._chaining, self._last_unit_out = grad, None
         try:
             out = self.module(*args, **kwargs)
         except BaseException:
-            self._free(kept)
+            self._close_grads(kept)
             raise
         finally:
             self.prefetcher.end()
@@ -150,28 +176,40 @@ class FullyShardedDataParallel(NoSync, Module):
             links = [] if last is None or last is out else [last]
             return ChainEnd.apply(out, *links, on_backward=self._schedule_finish)
         out = _owned(out, kept)
-        self._free(kept)
+        self._close_grads(kept)
         return out
+
+    def _close_grads(self, units):
+        """The units' gradients (if any) stay in their buckets, unreduced,
+        their placements end; their full parameters are freed."""
+        self.buffer.collect(b for u in units for b in self._buckets(u))
+        self._free(units)
 
     @staticmethod
     def _free(units):
         for unit in units:
-            unit.homes = None
             unit.free()
+
+    def open_grads(self, unit):
+        """The unit's backward is about to run: its gradients go into its buckets."""
+        self.buffer.open(self._buckets(unit))
 
     def poke(self):
         """Let MPI progress the gathers and reduce-scatters in flight."""
         self.prefetcher.poke()
-        self.reducer.poke()
+        self.buffer.progress()
 
     def _poke_hook(self, p):
         self.poke()
 
-    def reduce_unit(self, unit):
-        """A wrapped unit's backward is done (``UnitRun``): complete the later
-        unit's reduce-scatter, which travelled meanwhile, and start this one's."""
-        self.reducer.wait_all()
-        unit.reduce_grads(self.require_backward_grad_sync, self.reducer)
+    def unit_done(self, unit):
+        """A wrapped unit's backward is done (``UnitRun``): start its buckets'
+        reduce-scatters (the later unit's, which travelled meanwhile,
+        complete), or under ``no_sync`` keep its gradients in them."""
+        if self.require_backward_grad_sync:
+            self.buffer.start(self._buckets(unit))
+        else:
+            self.buffer.collect(self._buckets(unit))
 
     def _schedule_finish(self):
         if not self._finish_scheduled:
@@ -180,37 +218,27 @@ class FullyShardedDataParallel(NoSync, Module):
             queue_callback(self._finish)
 
     def _finish(self):
-        """After backward: reduce the kept units; shards of units whose
-        backward did not run (no gradient reached them) get zeros."""
+        """After backward: the kept units' buckets, and those of units no
+        gradient reached (zeros, or what ``no_sync`` kept), start together;
+        the kept units are freed; all complete (``_after_reduction``)."""
         self._finish_scheduled = self._open_forward = False
         self.prefetcher.end()
-        self.reducer.wait_all()
-        for unit in self.units:
-            if unit.recompute:
-                if not unit.ran_backward and self.require_backward_grad_sync:
-                    for f in unit.flats:
-                        if f.acc is None:
-                            f.add_grad(f.xp.zeros_like(f.shard.array))
-                        else:
-                            self.reducer.start(f, f.prepare(f.xp.zeros_like(f.acc), True))
-                continue
-            if unit.homes is None:
-                continue
-            unit.reduce_grads(self.require_backward_grad_sync, self.reducer)
-            unit.free()
-        self.reducer.wait_all()
-        if self.require_backward_grad_sync:
-            self.steps += 1
-            if self.nonfinite != "ignore":
-                self._handle_nonfinite()
+        rest = [b for b in self.buffer.buckets if not b.started]
+        kept = [u for u in self.units if not u.recompute and any(f.live for f in u.flats)]
+        if not self.require_backward_grad_sync:  # the gradients stay in the buckets
+            self._close_grads(kept)
+            return
+        self.buffer.start(rest)
+        self._free(kept)
+        self.buffer.finish()
 
-    def _handle_nonfinite(self):
-        """A non-finite local gradient: NonFiniteError on every rank, or every
-        rank drops its shards' gradients (the optimizer skips the step)."""
-        bad = [n for f in self.flats() for n in f.bad]
-        for f in self.flats():
-            f.bad.clear()
-        if agree_nonfinite(bad, self.nonfinite, self.comm, self.steps - 1):
+    def _after_reduction(self):
+        """Every shard has its gradient: a non-finite local gradient raises
+        NonFiniteError on every rank, or every rank drops its shards'
+        gradients (the optimizer skips the step)."""
+        self.steps += 1
+        if self.nonfinite != "ignore" and self.buffer.agree_nonfinite(
+                self.nonfinite, self.comm, self.steps - 1):
             self._drop_grads()
             self.skipped_steps += 1
 
@@ -296,10 +324,10 @@ class FullyShardedDataParallel(NoSync, Module):
     def close(self):
         """Give the model back its full parameters and its own forward and
         state_dict methods; free the communicator (collective)."""
+        self.buffer.close()
         for f in self.flats():
             f.gather()
             for p in f.params:
-                place_grad(p, None)
                 p.grad = None
                 release(p)  # the full array is the parameter's own again
         self.pool.clear()

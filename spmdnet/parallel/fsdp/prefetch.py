@@ -1,6 +1,6 @@
-"""Non-blocking collectives of FullyShardedDataParallel: prefetching
-all-gathers (``Prefetcher``) and overlapped gradient reduce-scatters
-(``ReduceScatters``).
+"""Prefetching all-gathers of FullyShardedDataParallel's parameters
+(``Prefetcher``; the gradients' reduce-scatters are the wrapper's
+``ParamAndGradBuffer``'s).
 
 A step gathers the flat shards in an order that repeats from step to step
 (forward: the units in execution order; backward: their recomputations in
@@ -16,12 +16,12 @@ MPICH progresses non-blocking collectives only inside MPI calls: every
 gather and ``poke()`` tests the requests in flight. Device (CuPy) shards use
 blocking gathers (the host staging of ``dist.allgather``).
 
-Both run their collectives through a ``distributed.bucket_collectives.BucketComm``
-(as the buffer under DataParallel and ZeRO), completed inside ``guarded``
-in start order on every rank, so the sequence numbers, the check mode and
-the watchdog see every one. ``wait_s`` sums the seconds spent waiting (the
-exposed communication: the wait of non-blocking collectives, and the whole
-of blocking ones).
+The gathers run through a ``distributed.bucket_collectives.BucketComm``
+(as the gradient buckets), completed inside ``guarded`` in start order on
+every rank, so the sequence numbers, the check mode and the watchdog see
+every one. ``wait_s`` sums the seconds spent waiting (the exposed
+communication: the wait of non-blocking gathers, and the whole of blocking
+ones).
 """
 from ...backend import is_cupy_array
 from ...distributed.bucket_collectives import BucketComm
@@ -80,51 +80,3 @@ class Prefetcher:
         work, buf = self.pending.pop(flat)
         self.wait_s += work.wait()
         return buf
-
-
-class ReduceScatters:
-    """Gradient reduce-scatters in flight: ``start(flat, full)`` begins the
-    sum of the full flat gradient over the group, in place (this rank's
-    slice lands at the start of ``full``, no receive buffer); ``wait_all()``
-    completes them in start order, divides by the group size (the mean, as
-    DataParallel) and adds each slice to its shard's ``.grad``.
-    ``enabled=False`` (or CuPy buffers): blocking, at ``start``."""
-
-    def __init__(self, comm, enabled=True):
-        self.size = comm.Get_size()
-        self.bc = BucketComm(comm, "nonblocking" if enabled else "none")
-        self.pending = []  # (flat, work, full gradient)
-        self.wait_s = 0.0
-
-    def start(self, flat, full):
-        if full is None:  # no_sync: the local gradient stays in flat.acc
-            return
-        if self.size == 1:
-            owned = flat.shard.grad is None  # the shard's new .grad is the flat itself
-            flat.add_grad(full)
-            if not owned:
-                flat.give(full)
-        else:
-            work = self.bc.reduce_scatter_in_place(full, "reduce_scatter(FSDP gradient)")
-            if self.bc.mode == "none" or is_cupy_array(full):
-                self.wait_s += work.wait()  # blocking: done here, nothing in flight
-                self._land(flat, full)
-                return
-            self.pending.append((flat, work, full))
-            self.poke()
-
-    def poke(self):
-        self.bc.progress(entry[1] for entry in self.pending)
-
-    def wait_all(self):
-        while self.pending:
-            flat, work, full = self.pending.pop(0)
-            self.wait_s += work.wait()
-            self._land(flat, full)
-
-    def _land(self, flat, full):
-        mine = full[:flat.layout.shard_numel]
-        mine /= self.size
-        # a new .grad is a copy: a view would keep the whole flat gradient alive
-        flat.add_grad(mine if flat.shard.grad is not None else mine.copy())
-        flat.give(full)

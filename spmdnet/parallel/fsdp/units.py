@@ -1,15 +1,15 @@
-"""Shard units of ``FullyShardedDataParallel``: flat shards, gather, reduce-scatter.
+"""Shard units of ``FullyShardedDataParallel``: flat shards, gather, recompute.
 
 A ``Flat`` holds some parameters of one unit as ONE flat shard per rank: the
 parameters raveled one after the other, zero-padded to a multiple of the
 group size N, this rank's 1/N slice kept as a ``Parameter`` (what the
 optimizer updates). Between uses the original parameters hold zero-size
 arrays; ``gather`` all-gathers the shard into a full array and points each
-parameter's ``.array`` at its view; ``free`` drops it again. Full arrays and
-flat gradients come from a ``Pool`` and go back to it when freed (or, for
-gradients, when their reduce-scatter is done): a step reuses the same few
-buffers instead of allocating (and page-faulting) new ones. A unit's output
-that is a view of its gathered parameters is copied before they are freed.
+parameter's ``.array`` at its view; ``free`` drops it again. Full arrays
+come from a ``Pool`` and go back to it when freed (the gradient buckets'
+storage too, see ``fully_sharded``): a step reuses the same few buffers
+instead of allocating (and page-faulting) new ones. A unit's output that is
+a view of its gathered parameters is copied before they are freed.
 
 A ``Unit`` is a module whose parameters form their own flats (the wrap
 policy), or the root. Wrapped units run through ``UnitRun``, one autograd
@@ -18,12 +18,10 @@ recording a graph (no op can save a full parameter) and frees; its backward
 gathers again, re-runs the module's forward with a graph (activation
 recomputation, restoring the RNG state and the module's buffers, so dropout
 masks and running statistics are those of the first run), backpropagates the
-output gradient into a flat gradient buffer, starts its non-blocking
-reduce-scatter (the mean over the group, as DataParallel; completed before
-backward returns, see ``prefetch.ReduceScatters``) and frees. At most
-one unit's reduce-scatter is in flight when the next starts: it travels
-while the next unit (the previous one in forward order) recomputes and
-backpropagates.
+output gradient (into the gradient buckets of the wrapper's
+``ParamAndGradBuffer``, one per flat), tells the wrapper the unit's
+gradients are final (``unit_done``: their reduce-scatter starts and travels
+while the previous unit recomputes) and frees.
 
 Every rank runs every wrapped unit's backward, in the reverse order of the
 forward, whatever reaches its loss: each ``UnitRun`` of a training forward
@@ -40,12 +38,10 @@ from ... import random as sn_random
 from ..._owned_storage import claim
 from ..._tensor import Tensor
 from ...autograd import Function, enable_grad
-from ...autograd.grad_placement import place_grad
 from ...backend import is_cupy_array, xp_of
 from ...distributed.bucket_collectives import BucketComm
 from ...nn import Parameter
 from .._common.flat import FlatLayout
-from .._common.wrapping import nonfinite_names
 
 
 class Pool:
@@ -78,11 +74,9 @@ class Flat:
     is the ``shard`` Parameter. ``options``: the optimizer options of its
     parameters (its parameter group); ``source``: the ``Prefetcher`` that
     gathers it (None: blocking gathers); ``pool``: the ``Pool`` of its full
-    buffers (None: new ones); ``check_nonfinite``: note in ``bad`` the names
-    of parameters whose local gradient has NaN or Inf."""
+    buffers (None: new ones)."""
 
-    def __init__(self, names, params, comm, options=None, source=None, pool=None,
-                 check_nonfinite=False):
+    def __init__(self, names, params, comm, options=None, source=None, pool=None):
         self.names, self.params, self.comm = names, params, comm
         self.bc = BucketComm(comm, "none")  # blocking gathers of this flat's parameters
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
@@ -96,10 +90,7 @@ class Flat:
             claim(p, f"parameter {name!r} of FullyShardedDataParallel")
         self.options = dict(options or {})
         self.source, self.pool = source, pool
-        self.bad = [] if check_nonfinite else None
-        self.acc = None  # the local full gradient kept across no_sync() steps
         self.full = None  # the gathered full array while the parameters view it
-        self.homes = None  # the Tensors over a flat gradient the parameters' gradients go into
         self.free()
 
     @property
@@ -158,58 +149,18 @@ class Flat:
             p.array = view
 
     def free(self):
-        """Full parameters and gradients dropped: zero-size arrays remain."""
+        """Full parameters and gradients dropped: zero-size arrays remain
+        (their gradients are in the gradient buckets by now)."""
         if self.full is not None:
             self.give(self.full)
             self.full = None
         for p in self.params:
             p.array = self.xp.empty(0, self.dtype)
-            place_grad(p, None)
             p.grad = None
-        self.homes = None
 
     def load_full(self, full):
         """Keep this rank's slice of a full flat array as the shard."""
         self.shard.array[...] = self.layout.shard_of(full, self.rank)
-
-    # -- gradients -------------------------------------------------------------------
-    def grad_homes(self):
-        """A zero flat gradient buffer; each parameter's gradient placed in its view."""
-        flat = self.take()
-        flat[...] = 0
-        self.homes = [Tensor(view) for view in self.layout.views(flat)]
-        for p, home in zip(self.params, self.homes):
-            p.grad = None
-            place_grad(p, home)
-        return flat
-
-    def prepare(self, flat, sync):
-        """``flat`` (the local full gradient plus what ``no_sync`` steps kept),
-        ready to reduce-scatter; None when ``sync`` is False (kept in ``acc``
-        for the next sync step). Notes non-finite parameters in ``bad``."""
-        views = self.layout.views(flat)
-        for p, view, home in zip(self.params, views, self.homes):
-            if p.grad is not None and p.grad.array is not home.array:
-                view[...] = p.grad.array  # a replaced .grad
-        if self.acc is not None:
-            flat += self.acc
-            self.give(self.acc)
-            self.acc = None
-        if not sync:
-            self.acc = flat
-            return None
-        if self.bad is not None:
-            self.bad += nonfinite_names(views, self.names, whole=flat)
-        return flat
-
-    def add_grad(self, g):
-        """Accumulate a reduced gradient slice into the shard's ``.grad``."""
-        if g is None:
-            return
-        if self.shard.grad is None:
-            self.shard.grad = Tensor(g)
-        else:
-            self.shard.grad.array += g
 
 
 class Unit:
@@ -218,8 +169,6 @@ class Unit:
     def __init__(self, name, module, flats, recompute):
         self.name, self.module, self.flats, self.recompute = name, module, flats, recompute
         self.forward = type(module).forward.__get__(module)
-        self.homes = None  # flat gradient buffers while a graph holds the full parameters
-        self.ran_backward = False
 
     def gather(self):
         for f in self.flats:
@@ -236,16 +185,6 @@ class Unit:
         if any(f.full is not None and xp.may_share_memory(array, f.full) for f in self.flats):
             return array.copy()
         return array
-
-    def open_grads(self):
-        self.homes = [f.grad_homes() for f in self.flats]
-
-    def reduce_grads(self, sync, reducer):
-        """Start the reduce-scatters of the flat gradients (``reducer``: a
-        ``prefetch.ReduceScatters``; nothing under no_sync)."""
-        homes, self.homes = self.homes, None
-        for f, h in zip(self.flats, homes):
-            reducer.start(f, f.prepare(h, sync))
 
 
 def _buffers_snapshot(module):
@@ -294,7 +233,7 @@ class UnitRun(Function):
         needs = self.needs_input_grad[n:n + len(self.inputs)]
         kept_rng, buffers = sn_random.get_rng_state(), _buffers_snapshot(unit.module)
         unit.gather()
-        unit.open_grads()
+        owner.open_grads(unit)
         try:
             sn_random.set_rng_state(self.rng)
             xs = [Tensor(x, requires_grad=need) for x, need in zip(self.inputs, needs)]
@@ -307,9 +246,8 @@ class UnitRun(Function):
             sn_random.set_rng_state(kept_rng)
             for b, saved in buffers:
                 b.array[...] = saved
-        owner.reduce_unit(unit)
+        owner.unit_done(unit)
         unit.free()
-        unit.ran_backward = True
         owner.poke()
         xgrads = tuple(None if x.grad is None else x.grad.array for x in xs)
         return (None,) * n + xgrads + _zeros_like(xp_of(g), self.links)

@@ -52,7 +52,7 @@ def split_flats(params, fn, comm, **shared):
     """One flat per dtype and options dict ``fn(name, p)`` among a unit's
     ``[(name, param)]``, in order of first appearance (usually one);
     ``shared``: the ``Flat`` arguments every flat of the model takes (its
-    source, pool and non-finite check)."""
+    source and pool)."""
     groups = {}
     for name, p in params:
         opts = options(fn, name, tuple(p.shape), p.dtype)

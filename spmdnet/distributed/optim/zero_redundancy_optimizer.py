@@ -1,4 +1,5 @@
-"""ZeroRedundancyOptimizer: ZeRO stages 1 and 2, PyTorch's name and usage.
+"""``torch.distributed.optim.ZeroRedundancyOptimizer``: ZeRO stages 1 and 2
+(PyTorch's is stage 1; stage 2 is DeepSpeed's ZeRO-2).
 
 All parameters become views into one flat buffer, padded to a multiple of
 the communicator size P and cut into P equal shards; rank r owns shard r.
@@ -15,7 +16,7 @@ How the gradients arrive (``stage`` and ``reduce_gradients``):
   gradient.
 - ``stage=2``, without DataParallel: ZeRO-2. Gradients are reduce-scattered
   bucket by bucket *during* backward (non-blocking: the buffer's buckets,
-  ``_common.grad_buffer``, with ``reductions.ReduceScatter``) and each
+  ``parallel._common.grad_buffer``, with ``reductions.ReduceScatter``) and each
   parameter's full ``.grad`` is dropped in its hook, so between steps a rank
   keeps only its gradient shard (Ψ/P; ``.grad`` is None on every parameter;
   during backward at most ``IN_FLIGHT + 1`` buckets' storage, ``bucket_mb``
@@ -41,16 +42,16 @@ from ... import distributed as dist
 from ..._tensor import Tensor
 from ...autograd.grad_placement import has_placement
 from ...backend import is_cupy_array, xp_of
-from ...distributed.bucket_collectives import all_gather_in_place
 from ...nn.parameter import Parameter
 from ...nn.utils.clip_grad import clip_grad_norm_
 from ...optim import Adam
-from .._common.flat import FlatLayout
-from .._common.grad_buffer import ParamAndGradBuffer
-from .._common.norm import clip_arrays_
-from .._common.reductions import ReduceScatter
-from .._common.wrapping import agree_nonfinite, nonfinite_mode, nonfinite_names
-from .state import full_state_dict, load_full_state_dict
+from ...parallel._common.flat import FlatLayout
+from ...parallel._common.grad_buffer import ParamAndGradBuffer
+from ...parallel._common.norm import clip_arrays_
+from ...parallel._common.reductions import ReduceScatter
+from ...parallel._common.wrapping import agree_nonfinite, nonfinite_mode, nonfinite_names
+from ..bucket_collectives import all_gather_in_place
+from .zero_state import full_state_dict, load_full_state_dict
 
 IN_FLIGHT = 2          # stage 2: buckets whose storage may be alive at once
 DATA_PARALLEL_CLASH = ("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gradients "
@@ -59,9 +60,20 @@ DATA_PARALLEL_CLASH = ("ZeroRedundancyOptimizer(stage=2) reduce-scatters the gra
 
 
 class ZeroRedundancyOptimizer:
-    """Shard ``optimizer_class``'s state over ``comm`` (ZeRO-1), and with
+    """``ZeroRedundancyOptimizer(params, optimizer_class, process_group=None,
+    parameters_as_bucket_view=False, overlap_with_ddp=False, **defaults)``:
+    shard ``optimizer_class``'s state over the group (ZeRO-1), and with
     ``stage=2`` the gradients too (ZeRO-2; ``bucket_mb`` caps a bucket of the
     reduce-scatter during backward; ``close()`` removes its hooks).
+
+    PyTorch's arguments, positional as in PyTorch (``optimizer_class``, which
+    PyTorch requires, defaults to Adam here): ``process_group`` (a
+    ``dist.new_group`` group or a communicator; None: the world);
+    ``parameters_as_bucket_view`` is accepted (the parameters are always views
+    of one flat buffer); ``overlap_with_ddp=True`` raises NotImplementedError
+    (``stage=2`` is spmdnet's overlapped form). spmdnet's, keyword-only:
+    ``comm`` (an mpi4py communicator, instead of ``process_group``), ``stage``,
+    ``reduce_gradients``, ``bucket_mb``, ``nonfinite`` (the module docstring).
 
     ``params``: parameters, or parameter groups (dicts with ``"params"`` and
     options, e.g. no weight decay on biases). The flat buffer holds the groups
@@ -69,8 +81,20 @@ class ZeroRedundancyOptimizer:
     one parameter is the group's part of this rank's shard (``shard_params``;
     possibly empty)."""
 
-    def __init__(self, params, optimizer_class=Adam, comm=None, reduce_gradients=False,
-                 stage=1, bucket_mb=25.0, nonfinite="ignore", **defaults):
+    def __init__(self, params, optimizer_class=Adam, process_group=None,
+                 parameters_as_bucket_view=False, overlap_with_ddp=False, *, comm=None,
+                 reduce_gradients=False, stage=1, bucket_mb=25.0, nonfinite="ignore",
+                 **defaults):
+        if overlap_with_ddp:
+            raise NotImplementedError("ZeroRedundancyOptimizer(overlap_with_ddp=True) is not "
+                                      "supported by spmdnet (stage=2 reduce-scatters the "
+                                      "gradients during backward, on the bare model)")
+        if process_group is not None and comm is not None:
+            raise ValueError("ZeroRedundancyOptimizer: pass comm or process_group, not both")
+        if process_group is not None:
+            comm = dist.comm_of(process_group, "ZeroRedundancyOptimizer")
+        self.process_group = process_group
+        self.parameters_as_bucket_view = parameters_as_bucket_view
         if stage not in (1, 2):
             raise ValueError(f"ZeroRedundancyOptimizer stage must be 1 or 2, got {stage!r} "
                              "(stage 3 is parallel.FullyShardedDataParallel)")

@@ -1,0 +1,234 @@
+"""One ``fully_shard`` unit's state: its sharded parameters, the storage
+their gathered values live in, and the forward and backward hooks' work.
+
+Unit life in a training step (PyTorch's FSDP2 order):
+
+- pre-forward: all-gather every shard into the unit's ``UnshardedStorage``
+  (``_fsdp_storage``) and register the full Parameters (views of it).
+- post-forward: every output tensor passes through ``PreBackward``, an
+  identity whose backward all-gathers into the same storage (when it was
+  released) before any of the unit's operations runs its backward; outputs
+  that are views of the storage are copied. When the unit reshards after
+  forward, the storage's memory is then released (the graph's saved arrays
+  are views of it and stay valid) and the shards are registered again.
+- post-backward: once every parameter the unit's outputs reach in the graph
+  has its final gradient (post-accumulate-grad hooks), the gradients are
+  reduced (``_fsdp_grads``) and the storage released again. A unit with
+  frozen parameters (whose operations may still need them after the
+  others' gradients are final), or whose gradients came otherwise, does
+  that in the end-of-backward callback instead, which also reshards a unit
+  left gathered.
+- ``reshard_after_forward=k`` (an int): after forward each rank keeps its
+  1/k piece of every full parameter (``torch.chunk`` pieces within its
+  group of k consecutive shard ranks) and backward all-gathers from that
+  group only.
+"""
+from ... import autograd
+from ..._tensor import Tensor
+from ...autograd import Function
+from ...nn.parameter import Parameter
+from ..tensor._api import gather_dim
+from ..tensor._placements import chunk_bounds
+from ._fsdp_grads import GradReducer
+from ._fsdp_storage import UnshardedStorage, on_device
+
+
+class Entry:
+    """One sharded parameter: where it is registered (every (module, name)
+    of a tied parameter), its shard (a DTensor), the sharded dimension, and
+    ``full``, the Parameter over the unit's storage used by forward and
+    backward while the unit is unsharded."""
+
+    def __init__(self, slots, shard, dim):
+        self.slots, self.shard, self.dim, self.full = slots, shard, dim, None
+        self.kept = None  # the 1/k piece kept after forward (reshard_after_forward=k)
+
+    def register(self, tensor):
+        for owner, name in self.slots:
+            owner._parameters[name] = tensor
+
+
+def map_tensors(value, fn):
+    """``value`` (nested tuples/lists/dicts) with each Tensor t replaced by fn(t)."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(map_tensors(v, fn) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def tensors_in(value):
+    found = []
+    map_tensors(value, found.append)
+    return found
+
+
+class PreBackward(Function):
+    """Identity on a unit's output; its backward gathers the unit's
+    parameters (once per backward) before the unit's operations need them."""
+
+    def forward(self, x, state=None):
+        self.state = state
+        return x.copy() if state.storage.holds(x) else x
+
+    def backward(self, g):
+        self.state.pre_backward()
+        return g
+
+
+class FSDPState:
+    def __init__(self, module, entries, device, shard_comm, replicate_comm, kept_comm,
+                 reshard_after_forward, mp_policy):
+        self.module, self.entries, self.mp, self.device = module, entries, mp_policy, device
+        self.shard_comm, self.kept_comm = shard_comm, kept_comm
+        self.reshard_after_forward = reshard_after_forward
+        self.reducer = GradReducer(shard_comm, replicate_comm,
+                                   mp_policy.reduce_dtype or mp_policy.param_dtype)
+        self.storage = None
+        self.filled = False  # the storage holds the gathered parameters
+        self.sync, self.root = True, False
+        self.expected, self.arrived = set(), set()  # id(full): gradients due, come
+        self.eager = False  # post-backward as soon as the gradients are final (see _build)
+        self.queued = False  # the end-of-backward callback
+        self.inputs = set()  # id of the forward's input tensors: where the graph walk stops
+
+    # -- parameters --------------------------------------------------------------------
+    def _build(self):
+        dtype = self.mp.param_dtype
+        specs = [(e.shard.global_shape, dtype or e.shard.array.dtype) for e in self.entries]
+        self.storage = UnshardedStorage(specs, self.device)
+        self.eager = all(e.shard.requires_grad for e in self.entries)
+        for e, view in zip(self.entries, self.storage.views):
+            e.full = Parameter(view, requires_grad=e.shard.requires_grad)
+            if e.full.requires_grad:
+                e.full.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _gather(self, e):
+        length = e.shard.global_shape[e.dim]
+        if e.kept is not None:
+            return gather_dim(e.kept, e.dim, length, self.kept_comm)
+        return gather_dim(on_device(e.shard.array, self.device), e.dim, length, self.shard_comm)
+
+    def fill(self):
+        """All-gather the shards (or, in backward, the kept pieces) into the storage."""
+        if self.storage is None:
+            self._build()
+        for e, view in zip(self.entries, self.storage.views):
+            arr = self._gather(e)
+            view[...] = arr if arr.dtype == view.dtype else arr.astype(view.dtype)
+            e.kept = None
+        self.storage.resident = self.filled = True
+
+    def unshard(self):
+        self.fill()
+        for e in self.entries:
+            e.register(e.full)
+
+    def reshard(self, keep=False):
+        """Register the shards again and release the storage (after keeping
+        each rank's piece of the full parameters within ``kept_comm``, when
+        ``keep``)."""
+        for e in self.entries:
+            e.register(e.shard)
+            e.kept = None
+            if keep and self.filled:
+                size, rank = self.kept_comm.Get_size(), self.kept_comm.Get_rank()
+                start, stop = chunk_bounds(e.shard.global_shape[e.dim], size, rank)
+                index = (slice(None),) * e.dim + (slice(start, stop),)
+                e.kept = e.full.array[index].copy()
+        if self.filled:
+            self.storage.release()
+            self.filled = False
+
+    # -- forward ------------------------------------------------------------------------
+    def pre_forward(self, args, kwargs, root):
+        self.root, self.queued = root, False  # (a backward that raised left it set)
+        for e in self.entries:  # the shards may have changed since a forward kept pieces
+            e.kept = None
+        self.unshard()
+        self.inputs = {id(t) for t in tensors_in((args, kwargs))}
+
+    def post_forward(self, output):
+        """Reshard as configured; returns the output (wrapped for the pre-backward)."""
+        reshard = self.reshard_after_forward
+        if not self.entries:  # nothing to gather again in backward
+            return output
+        if reshard is None:
+            reshard = not self.root
+        if not autograd.is_grad_enabled():  # no backward comes to reshard
+            output = map_tensors(output, self._own)
+            self.reshard()
+            return output
+        self._expect(output)
+        # linked even when it stays unsharded: a no_grad forward before this
+        # backward would reshard it, and the backward then gathers it again
+        output = map_tensors(output, self._link)
+        if reshard is not False:
+            self.reshard(keep=reshard is not True)
+        return output
+
+    def _own(self, t):
+        return Tensor(t.array.copy()) if self.storage.holds(t.array) else t
+
+    def _link(self, t):
+        return PreBackward.apply(t, state=self) if t.requires_grad else self._own(t)
+
+    def _expect(self, output):
+        """Note the full parameters the graph reaches from ``output`` back to
+        the unit's inputs: the gradients this unit's post-backward waits for."""
+        full = {id(e.full) for e in self.entries if e.full is not None and e.full.requires_grad}
+        stack, seen = [t for t in tensors_in(output) if t.requires_grad], set()
+        while stack:
+            t = stack.pop()
+            key = id(t)
+            if key in seen or key in self.inputs:
+                continue
+            seen.add(key)
+            if key in full:
+                self.expected.add(key)
+            elif t._ctx is not None and not getattr(t._ctx, "freed", None):
+                stack.extend(p for p in t._ctx.parents if p.requires_grad)
+
+    # -- backward -----------------------------------------------------------------------
+    def pre_backward(self):
+        if not self.filled:
+            self.unshard()
+        self._queue()
+
+    def _queue(self):
+        if not self.queued:
+            self.queued = True
+            autograd.queue_callback(self._final)
+
+    def _grad_ready(self, full):
+        if not self.filled:
+            paths = {id(m): path for path, m in self.module.named_modules()}
+            name = next(f"{paths.get(id(o), type(o).__name__)}.{n}".lstrip(".")
+                        for e in self.entries if e.full is full for o, n in e.slots[:1])
+            raise RuntimeError(
+                f"fully_shard({type(self.module).__name__}): the gradient of {name} was "
+                "computed while the unit was resharded (its storage released), so backward "
+                "may have read freed parameters: the operation's result reached the loss "
+                "without passing through the module's forward output; return it from "
+                "forward, or use reshard_after_forward=False for this module")
+        self.arrived.add(id(full))
+        self._queue()
+        if self.eager and self.filled and self.expected and self.expected <= self.arrived:
+            self.post_backward()
+
+    def post_backward(self):
+        self.expected, self.arrived = set(), set()
+        if self.sync:
+            self.reducer.reduce(self.entries)
+        self.reshard()
+
+    def _final(self):
+        self.queued = False
+        grads = any(e.full is not None and e.full.grad is not None for e in self.entries)
+        if self.filled or (self.sync and grads):
+            self.post_backward()
+        self.expected, self.arrived = set(), set()
