@@ -15,8 +15,8 @@ from .parallel import sync_batchnorm as _sync_bn  # noqa: F401 - nn.SyncBatchNor
 from .checkpoint import (check_checkpoint_dir, latest_checkpoint, load_checkpoint,
                          save_checkpoint)
 from .errors import CheckpointError, DistributedError
-from . import accelerator, amp, backends, cuda  # torch.accelerator, torch.amp ... (24c)
-from . import multiprocessing  # noqa: F401 - torch.multiprocessing.spawn on MPI ranks (24b)
+from . import accelerator, amp, backends, cuda  # PyTorch's sub-modules of these names
+from . import multiprocessing  # noqa: F401 - torch.multiprocessing.spawn on MPI ranks
 from ._compile import compile  # noqa: A004,F401 - returns the model (_compile.py): not in __all__
 from ._device import device, get_default_device, set_default_device
 from .amp import autocast
@@ -45,17 +45,17 @@ from .ops.methods import clone
 from .ops.pointwise import addmm, ceil, floor, lerp, outer, sign, square, trunc
 from .ops.pointwise import round  # noqa: A004,F401 - sn.round: not in __all__
 from .ops.scan import cumprod, cumsum, flip, roll
-from .ops.arith import pow  # noqa: A004,F401 - sn.pow (task 23a): not in __all__
-from .ops.sampling import multinomial  # task 23a
+from .ops.arith import pow  # noqa: A004,F401 - sn.pow: not in __all__ (it shadows the builtin on a star import)
+from .ops.sampling import multinomial
 from .ops.sampling import bernoulli, normal  # PyTorch's draws (random/)
-from .ops.complex import angle, conj, polar, view_as_complex, view_as_real  # task 23a
+from .ops.complex import angle, conj, polar, view_as_complex, view_as_real
 from .ops.complex import complex, imag, is_complex, real  # noqa: A004,F401 - not in __all__
-from .autograd.grad_mode import inference_mode, is_inference_mode_enabled  # task 23a
+from .autograd.grad_mode import inference_mode, is_inference_mode_enabled
 from .autograd import (Function, enable_grad, is_grad_enabled, no_grad,
                        queue_callback)
 
 ops.bind_tensor_methods()  # Tensor's operators and methods (+, @, .sum() ...): ops/__init__.py
-_set_torchrun_env()  # torchrun's RANK, LOCAL_RANK, ... from mpirun/srun, no MPI (24b)
+_set_torchrun_env()  # torchrun's RANK, LOCAL_RANK, ... from mpirun/srun, no MPI
 _end_job_on_early_failure()  # a rank raising before MPI starts ends the job, no MPI till then
 dist = distributed  # the short name: `from spmdnet import dist`
 
@@ -85,7 +85,7 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "index_select", "repeat_interleave", "diag", "outer", "addmm", "lerp", "square",
            "sign", "floor", "ceil", "trunc"]
 __all__ += ["device", "get_default_device", "set_default_device", "cuda", "amp",
-            "autocast", "backends", "accelerator", "save", "load"]  # task 24c
+            "autocast", "backends", "accelerator", "save", "load"]
 __all__ += ["Generator", "default_generator", "seed", "bernoulli", "normal"]
 __all__ += ["multinomial", "polar", "view_as_real", "view_as_complex", "conj", "angle",
-            "inference_mode", "is_inference_mode_enabled"]  # task 23a
+            "inference_mode", "is_inference_mode_enabled"]

@@ -68,3 +68,19 @@ def test_the_mask_is_bernoulli_of_the_weights_shape():
     sn.manual_seed(11)
     sn.rand(2 * 5 * 7, dtype=sn.float64)  # one float64 uniform per weight
     np.testing.assert_array_equal(sn.rand(4).numpy(), after)
+
+
+@pytest.mark.parametrize("qs, ks", [((2, 0, 4), (2, 5, 4)), ((2, 3, 4), (2, 0, 4)),
+                                    ((0, 3, 4), (0, 5, 4))])
+def test_empty_attention_draws_nothing(qs, ks):
+    """PyTorch: no query rows, no keys or no batch give the empty (or, with
+    no keys, zero) output and gradients, and draw nothing."""
+    q, k = sn.zeros(*qs, requires_grad=True), sn.zeros(*ks, requires_grad=True)
+    sn.manual_seed(2)
+    out = F.scaled_dot_product_attention(q, k, k, dropout_p=0.3)
+    after = sn.rand(3).numpy()
+    out.sum().backward()
+    assert tuple(out.shape) == qs and not np.any(out.numpy())
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    sn.manual_seed(2)
+    np.testing.assert_array_equal(after, sn.rand(3).numpy())

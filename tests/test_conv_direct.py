@@ -28,7 +28,14 @@ CASES = [  # (x shape, w shape, padding, dilation, groups, loop pads)
     ((1, 4, 7, 9), (6, 2, 3, 4), 1, 1, 2, ((1, 1), (1, 1))),                # odd per group
     ((2, 3, 7, 6), (9, 3, 3, 3), 1, 1, 1, ((1, 1), (1, 1))),                # 4 + 4 + 1 outputs
     ((1, 2, 5, 6), (5, 2, 3, 3), 3, 1, 1, ((3, 3), (3, 3))),                # pad past k - 1
+    ((2, 6, 9, 8), (10, 6, 5, 5), 0, 1, 1, ((0, 0), (0, 0))),               # input grad: GEMM
 ]
+
+
+def _direct_input(ws, pads, dilation, groups):
+    """Whether dispatch gives this case the direct input gradient."""
+    dilation = (dilation, dilation) if isinstance(dilation, int) else dilation
+    return dispatch.conv_direct_input_takes(ws, pads, dilation, groups)
 
 
 @pytest.fixture
@@ -55,7 +62,8 @@ def test_direct_matches_loops_and_finite_differences(float64, direct_calls, xs, 
         args = (x, w, b) if bias else (x, w)
         assert gradcheck(lambda x, w, b=None: F.conv2d(x, w, b, 1, padding, dilation, groups),
                          *args)
-    assert min(direct_calls.values()) > 0
+    assert direct_calls["direct_forward"] > 0 and direct_calls["direct_weight_grad"] > 0
+    assert (direct_calls["direct_input_grad"] > 0) == _direct_input(ws, pads, dilation, groups)
 
 
 @pytest.mark.parametrize("xs,ws,padding,dilation,groups,pads", CASES)
@@ -76,7 +84,9 @@ def test_direct_float32_equals_gemm_path(direct_calls, xs, ws, padding, dilation
             results.append([out.numpy()] + [t.grad.numpy() for t in ts])
         if mode == "numba":  # the direct path ran, then the GEMM path alone
             assert direct_calls["direct_forward"] == 1
-            assert direct_calls["direct_weight_grad"] == direct_calls["direct_input_grad"] == 1
+            assert direct_calls["direct_weight_grad"] == 1
+            assert direct_calls["direct_input_grad"] == _direct_input(ws, pads, dilation,
+                                                                      groups)
     assert direct_calls["direct_forward"] == 1
     for got, want in zip(*results):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

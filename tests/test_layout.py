@@ -1,4 +1,4 @@
-"""The package's layout rules (issue 13), checked on every run:
+"""The package's layout rules, checked on every run:
 
 - no submodule ``a.b.c`` is hidden behind an attribute ``c`` of package
   ``a.b`` that is something else (``spmdnet.tensor`` is the factory function,
@@ -7,7 +7,7 @@
 - ``import spmdnet`` starts no MPI, and math (autograd, ops, nn, optim) and
   the layers above the runtime import mpi4py only through ``dist.mpi()``;
 - no package file is longer than 400 lines;
-- (issue 22) every module has a layer, no import goes up a layer (imports
+- every module has a layer, no import goes up a layer (imports
   inside functions count; EXEMPTIONS names each PyTorch path that sits below
   its implementation), and no modules import each other in a circle.
 """
@@ -93,7 +93,7 @@ def test_no_package_file_exceeds_the_line_budget():
     assert not long, f"split these files (at most {MAX_LINES} lines each): {long}"
 
 
-# -- the layer order (docs/ARCHITECTURE.md, issue 22) --------------------------
+# -- the layer order (docs/ARCHITECTURE.md) --------------------------
 # A module imports only from its own layer or below. Modules are placed by the
 # longest matching dotted prefix, so files moving inside a layer need no edit
 # here; a module no prefix places fails test_every_module_has_a_layer.
@@ -132,9 +132,9 @@ PLACES = {
     **dict.fromkeys(["spmdnet.checkpoint", "spmdnet.profiler"], "state"),
     **{"spmdnet._device": "leaves", "spmdnet._compile": "leaves", "spmdnet.backends": "leaves",
        "spmdnet.cuda": "ops", "spmdnet.amp": "ops", "spmdnet.accelerator": "ops",
-       "spmdnet.serialization": "state"},  # task 24c: devices, amp, save/load
+       "spmdnet.serialization": "state"},  # devices, amp, save/load
     **dict.fromkeys(["spmdnet.cli", "spmdnet.bench"], "tools"),
-    "spmdnet._tensor_str": "leaves",  # task 23a: PyTorch's repr text (torch/_tensor_str.py)
+    "spmdnet._tensor_str": "leaves",  # PyTorch's repr text (torch/_tensor_str.py)
     "spmdnet._meta": "leaves",  # the meta device's shape-only arrays (_device re-exports)
 }
 # (importer prefix, imported prefix, why): PyTorch paths that sit lower in
@@ -215,7 +215,7 @@ def test_every_exemption_says_why_and_is_used():
     modules = {_module_name(p) for p in _package_files()}
     edges = [(a, b) for a, b, _, _ in _import_graph()]
     stale = [(a, b) for a, b, _ in EXEMPTIONS
-             if any(_within(m, a) for m in modules)  # issue 24's thin modules come later
+             if any(_within(m, a) for m in modules)
              and not any(_within(x, a) and _within(y, b) for x, y in edges)]
     assert not stale, f"remove these exemptions from EXEMPTIONS, nothing needs them: {stale}"
 
@@ -269,8 +269,8 @@ def _cycles(edges):
 
 def test_no_modules_import_each_other_in_a_circle():
     """No import cycle anywhere in the package, counting imports inside
-    functions too (issue 22 found creation.py <-> ops/ and nn.utils <->
-    optim.clip): creation.py and ops/ share argument parsers through _args.py.
+    functions too (creation.py and ops/ share argument parsers through
+    _args.py instead of importing each other).
     Importing a package's module runs the package's __init__.py first, so
     that is an arrow too, to what that file imports as it runs ("P (running)":
     its top-level imports; a name it resolves on first access, as

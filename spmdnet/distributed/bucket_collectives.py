@@ -136,19 +136,26 @@ class BucketComm:
         return self._start(
             label, send, lambda: self.comm.Ireduce_scatter(send, recv, counts, MPI.SUM), blocking)
 
-    def reduce_scatter_in_place(self, buf, label="reduce_scatter(bucket)"):
-        """Sum ``buf`` (a multiple of the size long) over the ranks; this
-        rank's equal block lands at the start of ``buf``."""
+    def reduce_scatter_in_place(self, buf, counts=None, label="reduce_scatter(bucket)"):
+        """Sum ``buf`` over the ranks; this rank's ``counts[rank]`` elements
+        (in rank order; None: equal blocks, ``buf`` a multiple of the size
+        long) land at the start of ``buf``, the rest of it is scratch."""
         MPI = mpi()
-        n = buf.size // self.size
+        n = buf.size // self.size if counts is None else counts[self.rank]
 
         def blocking():
             host, out = to_host(buf), np.empty(n, buf.dtype)
-            self.comm.Reduce_scatter_block(host, out, MPI.SUM)
+            if counts is None:
+                self.comm.Reduce_scatter_block(host, out, MPI.SUM)
+            else:
+                self.comm.Reduce_scatter(host, out, counts, MPI.SUM)
             buf[:n] = backend.xp_of(buf).asarray(out)
-        return self._start(
-            label, buf, lambda: self.comm.Ireduce_scatter_block(MPI.IN_PLACE, buf, MPI.SUM),
-            blocking)
+
+        def nonblocking():
+            if counts is None:
+                return self.comm.Ireduce_scatter_block(MPI.IN_PLACE, buf, MPI.SUM)
+            return self.comm.Ireduce_scatter(MPI.IN_PLACE, buf, counts, MPI.SUM)
+        return self._start(label, buf, nonblocking, blocking)
 
     def all_gather(self, send, recv, label="allgather(bucket)"):
         """Every rank's ``send`` (equal sizes), in rank order, into ``recv``."""

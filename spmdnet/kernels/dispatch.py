@@ -161,6 +161,29 @@ def conv_direct_takes(weight_shape, stride):
                              and kh * kw >= CONV_DIRECT_MIN_TAPS)
 
 
+# The direct path's input gradient (conv_direct.input_grad: the forward kernel
+# over the output gradient padded by d·(k-1) - pad, the flipped weights) where
+# that padding is at most the forward's (no more taps than the forward), or
+# the GEMM would be thin (at most this many output channels per group: its
+# inner size). 1 thread, against the GEMM and col2im: depthwise 3x3 (32
+# channels, 16x16, b32) 0.22 against 4.1 ms; CIFAR conv1 (3->6 5x5, b64) 0.68
+# against 4.8; the ResNet stem 0.46 against 0.68-0.98; 8->8 3x3 (32x32, b32)
+# 0.39-0.41 against 2.6-3.0. CIFAR conv2 (6->16 5x5, 14x14, no padding: the
+# full correlation has twice the forward's taps) 0.70-0.89 against 0.59-0.64:
+# the GEMM.
+CONV_DIRECT_INPUT_MAX_OUT_CHANNELS = 8
+
+
+def conv_direct_input_takes(weight_shape, pads, dilation, groups):
+    """True when a convolution on the direct path (``conv_direct_takes``)
+    should take the direct input gradient too (else the GEMM and col2im)."""
+    out_channels, _, kh, kw = weight_shape
+    if out_channels // groups <= CONV_DIRECT_INPUT_MAX_OUT_CHANNELS:
+        return True
+    return all(d * (k - 1) - before <= before
+               for (before, _), k, d in zip(pads, (kh, kw), dilation))
+
+
 # Winograd F(2x2, 3x3) (kernels/winograd.py) for stride-1, undilated, ungrouped
 # 3x3 convolutions with at least this many input and output channels (the
 # GEMMs' inner size): ResNet's 3x3 layers. Fewer channels leave the 16 GEMMs

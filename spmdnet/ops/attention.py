@@ -72,7 +72,7 @@ class ScaledDotProductAttention(Function):
         length, source = q.shape[-2], k.shape[-2]
         self.shapes, self.lead = (q.shape, k.shape, v.shape), lead
         self.q, self.k, self.v = (xp.broadcast_to(a, lead + a.shape[-2:]).reshape(
-            (-1,) + a.shape[-2:]) for a in (q, k, v))
+            (math.prod(lead),) + a.shape[-2:]) for a in (q, k, v))  # -1: ambiguous when empty
         if mask is not None:
             mask = mask if mask.dtype.kind == "b" else mask.astype(q.dtype, copy=False)
         self.mask, self.causal, self.scale = mask, causal, scale
@@ -125,6 +125,8 @@ class ScaledDotProductAttention(Function):
             xp.matmul(ds, self.k, out=dq[:, r])
             dq[:, r] *= self.q.dtype.type(self.scale)
             dk = _add(dk, xp.matmul(ds.transpose(0, 2, 1), self.q[:, r]))
+        if dk is None:  # no query rows (L = 0): nothing reached k or v
+            dk, dv = xp.zeros_like(self.k), xp.zeros_like(self.v)
         return self._unbroadcast(dq, dk, dv) + ((dmask,) if has_mask else ())
 
     def _blocks(self):

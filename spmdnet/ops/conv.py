@@ -25,15 +25,16 @@ Stride-1 convolutions with few input channels per group (where
 ``kernels.dispatch.conv_direct_takes`` says so: depthwise, single-channel,
 the CIFAR Net's first layer) build no columns: kernels/conv_direct.py's
 forward and weight gradient read the padded input directly (saved instead
-of the columns), and its input gradient is the same forward kernel over the
-padded output gradient with the flipped weights.
+of the columns); the input gradient is the same forward kernel over the
+padded output gradient with the flipped weights where
+``conv_direct_input_takes`` says so, else the GEMM and col2im above.
 """
 import math
 
 from .. import kernels
 from ..autograd import Function
 from ..kernels import conv_direct
-from ..kernels.dispatch import conv_direct_takes, winograd_takes
+from ..kernels.dispatch import conv_direct_input_takes, conv_direct_takes, winograd_takes
 from ..backend import xp_of
 from .arith import as_tensor_like
 
@@ -244,8 +245,11 @@ class Conv2d(Function):
         gw = gx = None
         if need[1]:
             gw = self.direct[1](xflat, self.wp, g, self.weight.shape, dilation, groups)
-        if need[0]:
+        if need[0] and conv_direct_input_takes(self.weight.shape, pads, dilation, groups):
             gx = self.direct[2](g, self.weight, self.x_shape[2:], pads, dilation, groups)
+        elif need[0]:  # the GEMM and col2im
+            gx = columns_grad(by_channel(g, groups), self.weight, self.x_shape, g.shape[2:],
+                              stride, pads, dilation, self.col2im)
         return gw, gx
 
     def _gemm_backward(self, g):

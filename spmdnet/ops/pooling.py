@@ -212,10 +212,19 @@ def adaptive_bounds(size, out):
 
 
 class AdaptiveAvgPool2d(Function):
-    """out = Ph · x · Pwᵀ with the averaging matrices Ph (Ho, H), Pw (Wo, W)."""
+    """out = Ph · x · Pwᵀ with the averaging matrices Ph (Ho, H), Pw (Wo, W);
+    where the windows tile the input (H, W multiples of the output's: a
+    global average pool), the mean of each window and the gradient spread
+    over it: the product's thousands of tiny batched matmuls took 0.15 ms
+    forward and 0.2 ms backward on ResNet-18's last (32, 128, 4, 4)."""
 
     def forward(self, x, out=(1, 1)):
         xp = xp_of(x)
+        (h, w), self.window = x.shape[-2:], None
+        if h % out[0] == 0 and w % out[1] == 0:
+            self.window = (h // out[0], w // out[1])
+            tiles = x.reshape(x.shape[:-2] + (out[0], self.window[0], out[1], self.window[1]))
+            return tiles.mean(axis=(-3, -1))
         mats = []
         for size, o in zip(x.shape[-2:], out):
             m = xp.zeros((o, size), x.dtype)
@@ -227,6 +236,11 @@ class AdaptiveAvgPool2d(Function):
 
     def backward(self, g):
         xp = xp_of(g)
+        if self.window is not None:
+            (kh, kw), (ho, wo) = self.window, g.shape[-2:]
+            share = g * g.dtype.type(1.0 / (kh * kw))
+            spread = xp.broadcast_to(share[..., :, None, :, None], g.shape[:-2] + (ho, kh, wo, kw))
+            return xp.ascontiguousarray(spread).reshape(g.shape[:-2] + (ho * kh, wo * kw))
         return xp.matmul(xp.matmul(self.ph.T, g), self.pw)
 
 

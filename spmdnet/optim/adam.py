@@ -54,13 +54,9 @@ class Adam(Optimizer):
         for group in self.param_groups:
             b1, b2 = (float(b) for b in group["betas"])
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
-            options = {"decoupled": bool(group.get("decoupled_weight_decay", False)),
-                       "amsgrad": bool(group.get("amsgrad", False)),
-                       "maximize": bool(group.get("maximize", False))}
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p.array, p.grad.array, self.state.setdefault(p, {}), lr, b1, b2,
-                                 eps, wd, **options)
+            decoupled = bool(group.get("decoupled_weight_decay", False))
+            self._step_group(group, self._update, lr, b1, b2, eps, wd, decoupled,
+                             bool(group.get("amsgrad", False)), bool(group.get("maximize", False)))
         return loss
 
     @staticmethod

@@ -68,18 +68,22 @@ class NAdam(_AdamLike):
     def step(self, closure=None):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
         loss = closure() if closure is not None else None
-        for group, data, grad, state in self._params_with_grads():
-            xp = xp_of(data, grad)
-            state.setdefault("mu_product", 1.0)
-            g, m, v, t, b1, b2 = self._moments(data, grad, state, group)
-            psi, lr = float(group["momentum_decay"]), float(group["lr"])
-            mu = b1 * (1.0 - 0.5 * 0.96 ** (t * psi))
-            mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * psi))
-            state["mu_product"] = product = float(state["mu_product"]) * mu
-            denom = xp.sqrt(v / (1.0 - b2 ** t)) + float(group["eps"])
-            data -= (lr * (1.0 - mu) / (1.0 - product)) * g / denom
-            data -= (lr * mu_next / (1.0 - product * mu_next)) * m / denom
+        for group in self.param_groups:
+            self._step_group(group, self._update, group)
         return loss
+
+    @classmethod
+    def _update(cls, data, grad, state, group):
+        xp = xp_of(data, grad)
+        state.setdefault("mu_product", 1.0)
+        g, m, v, t, b1, b2 = cls._moments(data, grad, state, group)
+        psi, lr = float(group["momentum_decay"]), float(group["lr"])
+        mu = b1 * (1.0 - 0.5 * 0.96 ** (t * psi))
+        mu_next = b1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * psi))
+        state["mu_product"] = product = float(state["mu_product"]) * mu
+        denom = xp.sqrt(v / (1.0 - b2 ** t)) + float(group["eps"])
+        data -= (lr * (1.0 - mu) / (1.0 - product)) * g / denom
+        data -= (lr * mu_next / (1.0 - product * mu_next)) * m / denom
 
 
 class RAdam(_AdamLike):
@@ -108,17 +112,21 @@ class RAdam(_AdamLike):
     def step(self, closure=None):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
         loss = closure() if closure is not None else None
-        for group, data, grad, state in self._params_with_grads():
-            xp = xp_of(data, grad)
-            _, m, v, t, b1, b2 = self._moments(data, grad, state, group)
-            lr = float(group["lr"])
-            bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
-            rho_inf = 2.0 / (1.0 - b2) - 1.0
-            rho_t = rho_inf - 2.0 * t * b2 ** t / bc2
-            if rho_t > 5.0:
-                rect = math.sqrt((rho_t - 4.0) * (rho_t - 2.0) * rho_inf
-                                 / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t))
-                data -= (lr * rect * math.sqrt(bc2) / bc1) * m / (xp.sqrt(v) + float(group["eps"]))
-            else:
-                data -= (lr / bc1) * m
+        for group in self.param_groups:
+            self._step_group(group, self._update, group)
         return loss
+
+    @classmethod
+    def _update(cls, data, grad, state, group):
+        xp = xp_of(data, grad)
+        _, m, v, t, b1, b2 = cls._moments(data, grad, state, group)
+        lr = float(group["lr"])
+        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+        rho_inf = 2.0 / (1.0 - b2) - 1.0
+        rho_t = rho_inf - 2.0 * t * b2 ** t / bc2
+        if rho_t > 5.0:
+            rect = math.sqrt((rho_t - 4.0) * (rho_t - 2.0) * rho_inf
+                             / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t))
+            data -= (lr * rect * math.sqrt(bc2) / bc1) * m / (xp.sqrt(v) + float(group["eps"]))
+        else:
+            data -= (lr / bc1) * m

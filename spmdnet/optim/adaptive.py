@@ -41,16 +41,20 @@ class Adagrad(Optimizer):
     def step(self, closure=None):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
         loss = closure() if closure is not None else None
-        for group, data, grad, state in self._params_with_grads():
-            xp = xp_of(data, grad)
-            if "sum" not in state:  # a state loaded without it
-                state.update(step=0, sum=xp.full_like(data, group["initial_accumulator_value"]))
-            state["step"] += 1
-            g = decayed_grad(data, grad, group)
-            clr = float(group["lr"]) / (1.0 + (state["step"] - 1) * float(group["lr_decay"]))
-            state["sum"] += g * g
-            data -= clr * g / (xp.sqrt(state["sum"]) + float(group["eps"]))
+        for group in self.param_groups:
+            self._step_group(group, self._update, group)
         return loss
+
+    @staticmethod
+    def _update(data, grad, state, group):
+        xp = xp_of(data, grad)
+        if "sum" not in state:  # a state loaded without it
+            state.update(step=0, sum=xp.full_like(data, group["initial_accumulator_value"]))
+        state["step"] += 1
+        g = decayed_grad(data, grad, group)
+        clr = float(group["lr"]) / (1.0 + (state["step"] - 1) * float(group["lr_decay"]))
+        state["sum"] += g * g
+        data -= clr * g / (xp.sqrt(state["sum"]) + float(group["eps"]))
 
 
 class Adadelta(Optimizer):
@@ -82,22 +86,26 @@ class Adadelta(Optimizer):
     def step(self, closure=None):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
         loss = closure() if closure is not None else None
-        for group, data, grad, state in self._params_with_grads():
-            xp = xp_of(data, grad)
-            if "square_avg" not in state:
-                state.update(step=0, square_avg=xp.zeros_like(data),
-                             acc_delta=xp.zeros_like(data))
-            state["step"] += 1
-            rho, eps = float(group["rho"]), float(group["eps"])
-            g = decayed_grad(data, grad, group)
-            v, u = state["square_avg"], state["acc_delta"]
-            v *= rho
-            v += (1.0 - rho) * g * g
-            delta = xp.sqrt(u + eps) / xp.sqrt(v + eps) * g
-            u *= rho
-            u += (1.0 - rho) * delta * delta
-            data -= float(group["lr"]) * delta
+        for group in self.param_groups:
+            self._step_group(group, self._update, group)
         return loss
+
+    @staticmethod
+    def _update(data, grad, state, group):
+        xp = xp_of(data, grad)
+        if "square_avg" not in state:
+            state.update(step=0, square_avg=xp.zeros_like(data),
+                         acc_delta=xp.zeros_like(data))
+        state["step"] += 1
+        rho, eps = float(group["rho"]), float(group["eps"])
+        g = decayed_grad(data, grad, group)
+        v, u = state["square_avg"], state["acc_delta"]
+        v *= rho
+        v += (1.0 - rho) * g * g
+        delta = xp.sqrt(u + eps) / xp.sqrt(v + eps) * g
+        u *= rho
+        u += (1.0 - rho) * delta * delta
+        data -= float(group["lr"]) * delta
 
 
 class RMSprop(Optimizer):
@@ -130,34 +138,38 @@ class RMSprop(Optimizer):
     def step(self, closure=None):
         """One update; ``closure`` (optional) re-evaluates and returns the loss."""
         loss = closure() if closure is not None else None
-        for group, data, grad, state in self._params_with_grads():
-            xp = xp_of(data, grad)
-            alpha, mom = float(group["alpha"]), float(group["momentum"])
-            if "square_avg" not in state:
-                state.update(step=0, square_avg=xp.zeros_like(data))
-            if mom > 0 and "momentum_buffer" not in state:
-                state["momentum_buffer"] = xp.zeros_like(data)
-            if group["centered"] and "grad_avg" not in state:
-                state["grad_avg"] = xp.zeros_like(data)
-            state["step"] += 1
-            g = decayed_grad(data, grad, group)
-            v = state["square_avg"]
-            v *= alpha
-            v += (1.0 - alpha) * g * g
-            if group["centered"]:
-                a = state["grad_avg"]
-                a *= alpha
-                a += (1.0 - alpha) * g
-                avg = xp.sqrt(v - a * a)
-            else:
-                avg = xp.sqrt(v)
-            avg += float(group["eps"])
-            lr = float(group["lr"])
-            if mom > 0:
-                buf = state["momentum_buffer"]
-                buf *= mom
-                buf += g / avg
-                data -= lr * buf
-            else:
-                data -= lr * g / avg
+        for group in self.param_groups:
+            self._step_group(group, self._update, group)
         return loss
+
+    @staticmethod
+    def _update(data, grad, state, group):
+        xp = xp_of(data, grad)
+        alpha, mom = float(group["alpha"]), float(group["momentum"])
+        if "square_avg" not in state:
+            state.update(step=0, square_avg=xp.zeros_like(data))
+        if mom > 0 and "momentum_buffer" not in state:
+            state["momentum_buffer"] = xp.zeros_like(data)
+        if group["centered"] and "grad_avg" not in state:
+            state["grad_avg"] = xp.zeros_like(data)
+        state["step"] += 1
+        g = decayed_grad(data, grad, group)
+        v = state["square_avg"]
+        v *= alpha
+        v += (1.0 - alpha) * g * g
+        if group["centered"]:
+            a = state["grad_avg"]
+            a *= alpha
+            a += (1.0 - alpha) * g
+            avg = xp.sqrt(v - a * a)
+        else:
+            avg = xp.sqrt(v)
+        avg += float(group["eps"])
+        lr = float(group["lr"])
+        if mom > 0:
+            buf = state["momentum_buffer"]
+            buf *= mom
+            buf += g / avg
+            data -= lr * buf
+        else:
+            data -= lr * g / avg

@@ -9,6 +9,7 @@ made by data-parallel wrappers) alias those buffers and must stay valid.
 import numpy as np
 
 from ..backend import asnumpy, xp_of
+from ._flat_runs import FlatRuns, step_group
 
 _SCRATCH = "_scratch"  # private state key: never saved, rebuilt on demand
 
@@ -93,6 +94,18 @@ def scratch(state, data):
     return buf
 
 
+def _write_into(old, new):
+    """Loaded arrays go into the state arrays they replace where those fit
+    (same type, shape, dtype): state laid out as views of flat arrays (a
+    run's, see ``_flat_runs``) stays so."""
+    for k, v in new.items():
+        w = old.get(k)
+        if (hasattr(v, "shape") and hasattr(w, "shape") and type(v) is type(w)
+                and v.shape == w.shape and v.dtype == w.dtype and v is not w):
+            w[...] = v
+            new[k] = w
+
+
 class Optimizer:
     """Base class holding ``param_groups`` and ``state`` like PyTorch's.
 
@@ -158,12 +171,17 @@ class Optimizer:
         """Apply one update to every parameter that has a gradient."""
         raise NotImplementedError
 
-    def _params_with_grads(self):
-        """(group, p.array, p.grad.array, state[p]) for each parameter with a gradient."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    yield group, p.array, p.grad.array, self.state.setdefault(p, {})
+    def _step_group(self, group, update, *args):
+        """``update(data, grad, state, *args)`` on each parameter of ``group``
+        with a gradient; parameters stored back to back in flat arrays step as
+        one call per run (``_flat_runs``; the same numbers, elementwise)."""
+        if "_flat_runs" not in self.__dict__:  # also after unpickling
+            self._flat_runs = FlatRuns()
+        step_group(self, group, update, args)
+
+    def __getstate__(self):
+        # the run cache describes this optimizer's storage; a copy rebuilds its own
+        return {k: v for k, v in self.__dict__.items() if k != "_flat_runs"}
 
     def _indexed_params(self):
         """Parameters in group order: their position is the checkpoint index."""
@@ -231,6 +249,8 @@ class Optimizer:
                 raise ValueError(f"state for unknown parameter index {idx}")
             p = params[idx]
             new_state[p] = {k: self._load_state_value(idx, p, k, v) for k, v in st.items()}
+        for p, st in new_state.items():
+            _write_into(self.state.get(p, {}), st)
         for g, sg in zip(self.param_groups, saved_groups):
             g.update({k: v for k, v in sg.items() if k != "params"})
         self.state = new_state

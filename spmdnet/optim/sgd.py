@@ -47,8 +47,7 @@ class SGD(Optimizer):
             hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
                      float(group["weight_decay"]), group["nesterov"],
                      bool(group.get("maximize", False)))
-            for p in (p for p in group["params"] if p.grad is not None):
-                self._update(p.array, p.grad.array, self.state.setdefault(p, {}), *hyper)
+            self._step_group(group, self._update, *hyper)
         return loss
 
     @staticmethod

@@ -17,6 +17,7 @@ import spmdnet.distributed as dist
 from spmdnet import nn
 from spmdnet.distributed.fsdp import fully_shard
 from spmdnet.distributed.fsdp import _fsdp_state
+from spmdnet.distributed.fsdp._fsdp_storage import UnshardedStorage
 from spmdnet.distributed.tensor import DTensor
 from spmdnet.distributed.tensor import _api as dtensor_api
 
@@ -88,6 +89,22 @@ def _resident_bytes(state):
     if _libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * mmap.PAGESIZE), vec):
         raise OSError(ctypes.get_errno(), "mincore")
     return sum(v & 1 for v in vec) * mmap.PAGESIZE
+
+
+@linux_only
+def test_storage_of_huge_pages_releases_and_refills():
+    specs = [((512, 1024), np.float64), ((7,), np.float32)]  # 4 MiB: transparent huge pages
+    storage = UnshardedStorage(specs, "cpu")
+    values = [np.random.default_rng(0).standard_normal(s).astype(d) for s, d in specs]
+    storage.fill(values)
+    unit = type("Unit", (), {"storage": storage})
+    assert storage.views[0].ctypes.data % (2 << 20) == 0
+    assert _resident_bytes(unit) >= sum(v.nbytes for v in values)
+    storage.release()
+    assert _resident_bytes(unit) == 0 and not storage.resident
+    storage.fill(values)
+    for view, value in zip(storage.views, values):
+        np.testing.assert_array_equal(view, value)
 
 
 def _units(model):

@@ -92,13 +92,14 @@ class ReduceScatter:
     """Into ``shard`` (this rank's gradient shard array, covering
     ``[lo, lo + len)`` of every bucket's layout: ZeRO-2, ``fresh`` after its
     ``zero_grad``), or with ``targets`` (``{layout key: target}``, one per
-    layout group: FSDP) into the bucket's layout's target."""
+    layout group: FSDP) into the bucket's layout's target. The bucket's
+    storage is transient: a reduction to be added lands in place in it."""
 
     def __init__(self, shard=None, lo=0, size=1, label="ZeRO-2 gradient bucket", targets=None):
         self.size, self.label = size, label
         self._one = None if targets is not None else ShardTarget(shard, lo)
         self.targets = targets if targets is not None else {}
-        self._received = {}  # bucket index -> (target, offset in the shard, receive buffer, fresh)
+        self._received = {}  # bucket index -> (target, offset in the shard, length, recv)
 
     @property
     def fresh(self):
@@ -117,24 +118,24 @@ class ReduceScatter:
         a = max(bucket.start, lo)
         n = max(0, min(bucket.stop, lo + layout.shard_numel) - a)
         at = a - lo if n else 0
-        fresh = target.fresh
-        if fresh:
+        label = f"reduce_scatter({self.label} {bucket.index})"
+        if target.fresh:  # straight into the shard
             recv = target.receive_into()[at:at + n]
-        else:
-            recv = xp_of(bucket.buffer).empty(n, bucket.dtype)
-        self._received[bucket.index] = (target, at, recv, fresh)
-        return bc.reduce_scatter(bucket.buffer, recv, counts,
-                                 f"reduce_scatter({self.label} {bucket.index})")
+            self._received[bucket.index] = (target, at, n, recv)
+            return bc.reduce_scatter(bucket.buffer, recv, counts, label)
+        # to be added: in place, at the start of the bucket's storage (freed once landed)
+        self._received[bucket.index] = (target, at, n, None)
+        return bc.reduce_scatter_in_place(bucket.buffer, counts, label)
 
     def land(self, bucket):
-        target, at, recv, fresh = self._received.pop(bucket.index)
-        n = recv.size
+        target, at, n, recv = self._received.pop(bucket.index)
+        mine = bucket.buffer[:n] if recv is None else recv
         if n:
-            average(recv, self.size)
-        if fresh:
+            average(mine, self.size)
+        if recv is not None:
             target.delivered()
         elif n:
-            target.array[at:at + n] += recv
+            target.array[at:at + n] += mine
 
     def finished(self):
         for target in [self._one] if self._one is not None else self.targets.values():
