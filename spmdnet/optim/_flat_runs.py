@@ -116,15 +116,17 @@ class _Part:
         """Whether ``states`` are exactly what this part wrote last."""
         if len(states) != len(self.states):
             return False
-        for m, st in enumerate(states):
-            if st is not self.states[m] or len(st) != self.lengths[m]:
+        for st, old, n in zip(states, self.states, self.lengths):
+            if st is not old or len(st) != n:
                 return False
-            for k, views in self.views.items():
-                if st.get(k) is not views[m]:
+        for k, views in self.views.items():
+            for st, view in zip(states, views):
+                if st.get(k) is not view:
                     return False
-            for k, v in self.scalars.items():
+        for k, v in self.scalars.items():
+            for st in states:
                 w = st.get(k)
-                if type(w) is not type(v) or w != v:
+                if w is not v and (type(w) is not type(v) or w != v):
                     return False
         return True
 
@@ -219,11 +221,15 @@ class FlatRuns:
 
     def runs(self, group):
         params = group["params"]
-        key = [(p.array, None if p.grad is None else p.grad.array) for p in params]
         cached = self._groups.get(id(group))
-        if cached is not None and cached[0] is group and len(cached[1]) == len(key) and all(
-                a is b and g is h for (a, g), (b, h) in zip(key, cached[1])):
-            return cached[2]
+        if cached is not None and cached[0] is group and len(cached[1]) == len(params):
+            for p, (a, g) in zip(params, cached[1]):
+                grad = p.grad
+                if p.array is not a or (None if grad is None else grad.array) is not g:
+                    break
+            else:
+                return cached[2]
+        key = [(p.array, None if p.grad is None else p.grad.array) for p in params]
         runs = _runs(params)
         # the cache holds the arrays, so their identities cannot be reused
         self._groups[id(group)] = (group, key, runs)
