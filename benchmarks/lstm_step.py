@@ -16,7 +16,10 @@ In a fresh process per BLAS thread count it times, interleaved:
   ours   the spmdnet step: model(x, hidden), F.cross_entropy, backward,
          opt.step() (the LSTM alone: forward and backward)
   xp     ours with SPMDNET_KERNELS=xp (no Numba kernels: the LSTM's steps in
-         NumPy calls, ops/rnn.py, instead of kernels/rnn_cell.py)
+         NumPy calls, ops/rnn.py, instead of kernels/rnn_cell.py's float32
+         kernels, which also run each recurrent product in column blocks
+         small enough for OpenBLAS's small-matrix kernels: ours can undercut
+         the floor's whole products)
 and prints median times and the ratios to the floor.
 """
 import os

@@ -192,7 +192,7 @@ def test_storage_replaced_under_the_optimizer_falls_back_per_parameter():
     buffer.close()  # releases the claim: ``p.data = t`` is allowed again
     for step in range(3):
         if step == 1:  # a parameter moves out of the flat array, as PyTorch allows
-            for r, p in zip(ref_params[2:4], params[2:4]):
+            for p in params[2:4]:
                 p.data = sn.tensor(np.array(p.array))
         for i, (r, p, view) in enumerate(zip(ref_params, params, views)):
             g = rng.standard_normal(r.array.shape).astype(np.float32)

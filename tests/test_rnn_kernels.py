@@ -34,13 +34,13 @@ def _inputs(shape, dtype, seed=0, bias=False):
     return [a.astype(dtype) for a in arrays]
 
 
-def _run(mode, arrays, reverse):
+def _run(mode, arrays, reverse, overwrite_xw=False, tensors=None):
     """(output, grads of xw, h0, c0, w_hh[, bias]) with kernels ``mode``."""
-    tensors = [sn.tensor(a, requires_grad=True) for a in arrays]
+    tensors = tensors or [sn.tensor(a, requires_grad=True) for a in arrays]
     weights = np.random.default_rng(1).standard_normal(
         (arrays[0].shape[0] + 1,) + arrays[1].shape).astype(arrays[0].dtype)
     with kernels.use(mode):
-        out = LSTMSequence.apply(*tensors, reverse=reverse)
+        out = LSTMSequence.apply(*tensors, reverse=reverse, overwrite_xw=overwrite_xw)
         (out * sn.tensor(weights)).sum().backward()
     return [out.numpy()] + [t.grad.numpy() for t in tensors]
 
@@ -103,6 +103,23 @@ def test_kernels_without_h0_gradient_give_the_same_other_gradients(reverse):
     assert tensors[1].grad is None
     for i in (0, 2, 3, 4):
         np.testing.assert_array_equal(tensors[i].grad.numpy(), full[1 + i])
+
+
+@pytest.mark.parametrize("mode", ["numba", "xp"])
+def test_overwrite_xw_changes_only_where_the_gates_live(mode):
+    """overwrite_xw=True: the same output and gradients, the gates written over
+    xw's array; without it the op leaves xw as it was."""
+    arrays = _inputs((3, 4, 5), np.float32, bias=True)
+    for overwrite in (False, True):
+        tensors = [sn.tensor(a, requires_grad=True) for a in arrays]
+        got = _run(mode, arrays, False, overwrite, tensors)
+        xw = tensors[0].numpy()
+        if not overwrite:
+            np.testing.assert_array_equal(xw, arrays[0])
+            kept = got
+    assert not np.array_equal(xw, arrays[0]) and np.all((xw >= -1) & (xw <= 1))  # gates
+    for a, b in zip(got, kept):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("reverse", [False, True])

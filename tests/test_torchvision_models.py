@@ -6,14 +6,17 @@ ResNet-18 is tests/test_conv_sweep.py's).
 
 Both sides build the model right after ``manual_seed(0)``: the
 initialisation draws the same numbers, so the freshly built model's
-``state_dict()`` must have torchvision's keys, shapes and dtypes, and every
-entry's summary (sum, sum |a|, sum a², max |a|, six fixed entries) must equal
-PyTorch's exactly: the same architecture, built in the same order. Then one
-train-mode step (BatchNorm batch statistics, dropout drawn after
-``manual_seed(1)``) at batch 2, 32x32 (CIFAR) and 64x64 inputs, float32 and
-float64 (the float32 model ``.to(float64)``), cross-entropy on fixed targets:
-logits, loss, the summaries of the input's gradient, of every parameter's
-gradient and of the updated running statistics, against PyTorch's."""
+``state_dict()`` must have torchvision's keys, shapes and dtypes (what
+loading a torchvision checkpoint needs), and every entry's summary (sum,
+sum |a|, sum a², max |a|, six fixed entries) must equal PyTorch's exactly:
+the same architecture, built in the same order. Then one train-mode step
+(BatchNorm batch statistics, dropout drawn after ``manual_seed(1)``) at
+32x32 (CIFAR, batch 8) and 64x64 (batch 2), float64 and float32 (the
+float32 model ``.to(dtype)``), cross-entropy on fixed targets: logits,
+loss, and the summaries of the input's gradient, of every parameter's
+gradient and of the updated running statistics, against PyTorch's float64
+step: float64 to 1e-9 of each record's scale, float32 within 10 times
+PyTorch's own float32 distance from it."""
 import copy
 import os
 
@@ -131,23 +134,23 @@ def train_step(model, size, dtype):
 
 
 def float32_tolerance(ref):
-    """4 times PyTorch's own float32 distance from its float64 run, the
-    largest over both image sizes, for the forward's records (logits, loss,
-    running statistics) and for the gradients (at least 1e-5): how far
-    float32 rounding, amplified by the model, moves a step. BatchNorm's
-    weight and bias gradients sum many terms that nearly cancel, so they
-    move most: 1e-2 of their largest entry for ResNet-50, MobileNetV2 and
-    DenseNet-121, 1e-6 for VGG-11."""
-    worst = {"forward": 0.0, "backward": 0.0}
+    """Per record group, 10 times PyTorch's own float32 distance from its
+    float64 step (the larger over both image sizes), at least 1e-5: float32
+    rounding, amplified by train-mode BatchNorm at batch 2 to 8, is what
+    moves a step, and it moves two float32 implementations apart at random.
+    The gradients of BatchNorm's weights and biases (sums of nearly
+    cancelling terms) move most: PyTorch's float32 ones are 1e-2 of their
+    largest entry off for ResNet-50, MobileNetV2 and DenseNet-121, 3e-5 for
+    ResNet-34; spmdnet's, run with one or two threads, were 0.1 to 4 times
+    as far off as PyTorch's, and the logits 0.3 to 2.7 times."""
+    worst = dict.fromkeys(GROUPS, 0.0)
     for size in SIZES:
         torch32 = {g: ref[f"{size}_float32/{g}"] for g in GROUPS}
         torch32["loss"] = float(torch32["loss"])
         tag = f"{size}_float64"
         for group, (err, _) in step_errors(torch32, ref, tag, tag).items():
-            kind = "backward" if group in ("x_grad", "grads") else "forward"
-            worst[kind] = max(worst[kind], err)
-    return {g: max(4 * worst["backward" if g in ("x_grad", "grads") else "forward"], 1e-5)
-            for g in GROUPS}
+            worst[group] = max(worst[group], err)
+    return {g: max(10 * worst[g], 1e-5) for g in GROUPS}
 
 
 @pytest.mark.parametrize(("size", "dtype"), CASES, ids=[f"{s}px-{d}" for s, d in CASES])
@@ -166,3 +169,27 @@ def test_train_step_equals_pytorch(model_and_ref, size, dtype):
         assert err <= tolerance[group], \
             f"{name} {size}px {dtype}: {where} off by {err:.3g} of its scale " \
             f"(tolerance {tolerance[group]:.3g})"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relu6_and_hardtanh_clip_and_pass_gradients_strictly_inside(dtype):
+    """MobileNetV2's ReLU6 is PyTorch's hardtanh on [0, 6]: its derivative is
+    1 strictly inside and 0 at either end and beyond (clamp's passes the
+    ends), and 1 at NaN, which stays NaN (PyTorch 2.13's observed values)."""
+    values = [-1.0, 0.0, 3.0, 6.0, 7.0, np.nan]
+    cases = [(sn.nn.ReLU6(inplace=True), [0, 0, 3, 6, 6, np.nan], [0, 0, 1, 0, 0, 1]),
+             (lambda t: F.relu6(t), [0, 0, 3, 6, 6, np.nan], [0, 0, 1, 0, 0, 1]),
+             (sn.nn.Hardtanh(-1.0, 6.0), [-1, 0, 3, 6, 6, np.nan], [0, 1, 1, 0, 0, 1]),
+             (lambda t: F.hardtanh(t), [-1, 0, 1, 1, 1, np.nan], [0, 1, 0, 0, 0, 1])]
+    for layer, want, want_grad in cases:
+        x = sn.tensor(np.array(values, dtype), requires_grad=True)
+        y = layer(x)
+        y.sum().backward()
+        assert y.dtype == x.dtype and x.grad.dtype == x.dtype
+        np.testing.assert_array_equal(y.detach().numpy(), np.array(want, dtype))
+        np.testing.assert_array_equal(x.grad.numpy(), np.array(want_grad, dtype))
+    assert repr(sn.nn.ReLU6(inplace=True)) == "ReLU6(inplace=True)"
+    with pytest.raises(ValueError, match=r"min_val \(2\) cannot be greater than max_val \(1\)"):
+        sn.nn.Hardtanh(2, 1)
+    with pytest.raises(ValueError, match="min_val"):
+        F.hardtanh(sn.ones(2), 2.0, 1.0)

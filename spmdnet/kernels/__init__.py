@@ -19,8 +19,9 @@ special        float32 exp, erf for kernels;           the kernels above; ``erf_
 reduce         8-lane row sums/max                     the kernels above
 conv           col2im                                  ops.conv.Conv2d,
                                                        ops.conv_transpose.ConvTranspose2d
-conv_direct    direct stride-1 forward and weight      ops.conv.Conv2d on few input
-               gradient (no columns)                   channels (dispatch.conv_direct_takes)
+conv_direct    direct stride-1 forward, input and      ops.conv.Conv2d on few input
+               weight gradients (no columns); the      channels (dispatch.conv_direct_takes)
+               weight gradient's: conv_direct_grad
 pool           max pooling with argmax                 ops.pooling.MaxPool2d
 winograd       F(2x2, 3x3) forward and backward over   ops.conv.Conv2d, stride-1 3x3 on
                blocks of images, with the GEMMs; its   many channels (dispatch.winograd_takes)

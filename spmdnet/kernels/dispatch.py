@@ -110,8 +110,9 @@ TABLE = {
     # removed; the op asks only for softmax rows (its CPU dropout mask is
     # PyTorch's MT19937 draws, so the compiled Philox factors were removed too)
     # benchmarks/cnn_step.py shapes, 1 thread: col2im of (C, kh, kw, N, Ho, Wo) columns,
-    # one plane at a time, 3.5 against 7.3-8.5 ms on ResNet's 16-channel layer (the
-    # input gradient of Conv2d and the forward of ConvTranspose2d); max pooling 0.2-0.3
+    # a channel of a run of images at a time, 1.3 against 7.3-8.5 ms on ResNet's
+    # 16-channel layer (the input gradient of Conv2d and the forward of
+    # ConvTranspose2d); max pooling 0.2-0.3
     # against 4.1 ms (pool1). An im2col kernel (2-4x slower
     # than NumPy's copy of the strided view there) was removed: the op copies the view.
     # Direct stride-1 kernels (kernels/conv_direct.py, no columns) on few input

@@ -51,22 +51,23 @@ def _tanh(x):
     return -_ONE if y < -_ONE else y
 
 
-def _forward_step(t, before, xw, consts, c0, gates, cs, tanh_cs, out):
-    """Step t: gates[t] (N, 4H) holds h W_hhᵀ; adds xw[t] and the bias
-    consts[0], activates it in place (y = tanh(a s) s + add with s, add =
-    consts[1], consts[2]: sigmoid for s = add = 1/2, tanh for s = 1, add = 0),
-    then c, tanh(c) into cs[t], tanh_cs[t] and h into out[t], from the c of
-    step ``before`` (c0 when outside the T steps). Two loops: one over the
-    4H gate values, one over H (a single loop that stores into four blocks
-    of one row is not vectorised)."""
+def _forward_step(t, before, pre, consts, c0, gates, cs, tanh_cs, out):
+    """Step t: gates[t] (N, 4H) holds the input projection x_t W_ihᵀ, pre
+    (N, 4H) h W_hhᵀ; adds pre and the bias consts[0] into gates[t] and
+    activates it in place (y = tanh(a s) s + add with s, add = consts[1],
+    consts[2]: sigmoid for s = add = 1/2, tanh for s = 1, add = 0), then c,
+    tanh(c) into cs[t], tanh_cs[t] and h into out[t], from the c of step
+    ``before`` (c0 when outside the T steps). Two loops: one over the 4H gate
+    values, one over H (a single loop that stores into four blocks of one
+    row is not vectorised)."""
     n, size = c0.shape
     c_prev = cs[before] if 0 <= before < cs.shape[0] else c0
-    gate, x, c, tanh_c, h = gates[t], xw[t], cs[t], tanh_cs[t], out[t]
+    gate, c, tanh_c, h = gates[t], cs[t], tanh_cs[t], out[t]
     bias, scale, add = consts[0], consts[1], consts[2]
     for r in prange(n):
-        p, xr = gate[r], x[r]
+        p, pr = gate[r], pre[r]
         for j in range(4 * size):
-            p[j] = _tanh((p[j] + xr[j] + bias[j]) * scale[j]) * scale[j] + add[j]
+            p[j] = _tanh((p[j] + pr[j] + bias[j]) * scale[j]) * scale[j] + add[j]
         cp, cr, tr, hr = c_prev[r], c[r], tanh_c[r], h[r]
         for k in range(size):
             cc = p[size + k] * cp[k] + p[k] * p[2 * size + k]
@@ -173,12 +174,14 @@ def _constants(bias, size):
     return consts
 
 
-def forward(xw, h0, c0, w_hh, reverse, bias=None):
+def forward(xw, h0, c0, w_hh, reverse, bias=None, overwrite_xw=False):
     """LSTMSequence's forward over all T steps: (gates (T, N, 4H) activated,
     cs, tanh(cs) (each (T, N, H)), out (T + 1, N, H): each step's h, then the
     last c) from the input projection xw (T, N, 4H), h0, c0 (N, H), w_hh
     (4H, H) and the bias b_ih + b_hh (4H,) or None, all float32; ``reverse``:
-    the steps run from T-1 down to 0 (outputs stay in time order)."""
+    the steps run from T-1 down to 0 (outputs stay in time order).
+    ``overwrite_xw``: the gates are written over xw (a C-contiguous array no
+    one else reads), not into a copy: one (T, N, 4H) array less to fill."""
     arrays = dict(xw=xw, h0=h0, c0=c0, w_hh=w_hh) | ({} if bias is None else dict(bias=bias))
     check_target("LSTM forward", *arrays.values())
     _check_float32("forward", **arrays)
@@ -187,17 +190,18 @@ def forward(xw, h0, c0, w_hh, reverse, bias=None):
     _check_shapes("forward", length, n, size, h0=(h0.shape, (n, size)),
                   c0=(c0.shape, (n, size)), w_hh=(w_hh.shape, (width, size)),
                   bias=((width,) if bias is None else bias.shape, (width,)))
-    xw, h, c0 = (np.ascontiguousarray(a) for a in (xw, h0, c0))
+    h, c0 = np.ascontiguousarray(h0), np.ascontiguousarray(c0)
     w_t = np.ascontiguousarray(w_hh.T)
     blocks = _column_blocks(n, size, width)
     consts = _constants(bias, size)
-    gates = np.empty_like(xw)
+    gates = xw if overwrite_xw and xw.flags.c_contiguous else np.array(xw, order="C")
+    pre = np.empty((n, width), xw.dtype)
     cs, tanh_cs = (np.empty((length, n, size), xw.dtype) for _ in range(2))
     out = np.empty((length + 1, n, size), xw.dtype)
     back = -1 if reverse else 1  # step t reads the h and c of step t - back
     for t in _steps(length, reverse):
-        _product(h, w_t, gates[t], blocks)
-        _forward_kernel(t, t - back, xw, consts, c0, gates, cs, tanh_cs, out)
+        _product(h, w_t, pre, blocks)
+        _forward_kernel(t, t - back, pre, consts, c0, gates, cs, tanh_cs, out)
         h = out[t]
     out[length] = cs[0 if reverse else length - 1]  # the last step's c
     return gates, cs, tanh_cs, out
@@ -238,5 +242,5 @@ def warmup(dtype):
     if np.dtype(dtype) != np.float32:
         return
     a, b = np.zeros((1, 1, 4), dtype), np.zeros((1, 1, 1), dtype)
-    forward(a, b[0], b[0], np.zeros((4, 1), dtype), False)
+    forward(a.copy(), b[0], b[0], np.zeros((4, 1), dtype), False, overwrite_xw=True)
     backward(np.zeros((2, 1, 1), dtype), a, b, b, b[0], np.zeros((4, 1), dtype), False)

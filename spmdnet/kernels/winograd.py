@@ -56,7 +56,7 @@ G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float
 # channels): V and M, 16·(C + O) values a tile, stay in the core's L2. Measured
 # on ResNet-18's layers (forward + backward, blocks of 128 to 2048 tiles): 1024
 # tiles best at 16 channels (5% over 256), 512 at 32, 256 at 64; 2048 tiles at
-# 32 channels or more spilled and ran 1.8-2.9x slower; at least 128 tiles
+# 32 channels or more spilled and ran 1.8-2.9x slower; at least 256 tiles
 # a block all the same (_Blocks: the full-width layers).
 BLOCK_VALUES = 32768
 
@@ -103,12 +103,14 @@ class _Blocks:
     def __init__(self, x_shape, out_channels, out_hw, dtype, pads):
         n, c = x_shape[:2]
         self.tiles_h, self.tiles_w = tiles(out_hw)
-        # at least BLOCK_VALUES / 256 (128) tiles: past 128 channels a side V and M
+        # at least BLOCK_VALUES / 128 (256) tiles: past 64 channels a side V and M
         # outgrow L2 anyway (64 KiB a tile at 512 + 512), and thin GEMMs and U read
         # again for every block cost more. ResNet-18's full-width 3x3 layers (b32,
         # forward + backward, 1 thread, CPU time, min of 5 on a loaded machine):
-        # 512 channels at 4x4 38.9 against 48.8 ms, 256 at 8x8 36.8 against 38.6
-        block_tiles = max(BLOCK_VALUES // (c + out_channels), BLOCK_VALUES // 256)
+        # 512 channels at 4x4 38.9 (128 tiles) against 48.8 ms (64), 256 at 8x8
+        # 22.9-23.2 (256) against 24.8-25.2 (128), 128 at 16x16 26.0-26.4 (256)
+        # against 26.8-28.1 (128); 64 at 32x32 even at 256 and 512
+        block_tiles = max(BLOCK_VALUES // (c + out_channels), BLOCK_VALUES // 128)
         per_block = max(1, block_tiles // (self.tiles_h * self.tiles_w))
         self.ranges = [(i, min(n, i + per_block)) for i in range(0, n, per_block)]
         self.span = per_block * self.tiles_h * self.tiles_w

@@ -81,13 +81,20 @@ class _Sequence(Function):
         return hs
 
     def _weight_grad(self, d_pre, index):
-        """Σ_t d_pre[t]ᵀ h_prev[t] as one product over all steps (None when
-        input ``index``, the weight, needs no gradient)."""
+        """Σ_t d_pre[t]ᵀ h_prev[t] (None when input ``index``, the weight, needs
+        no gradient): one product over the T - 1 steps that read an h of the
+        sequence, plus the step that read h0 (no (T, N, H) copy of the
+        previous states)."""
         if not self.needs_input_grad[index]:
             return None
-        prev = _previous_states(self.hs, self.h0, self.reverse)
-        gates = d_pre.shape[-1]
-        return d_pre.reshape(-1, gates).T @ prev.reshape(-1, prev.shape[-1])
+        gates, size = d_pre.shape[-1], self.hs.shape[-1]
+        if self.reverse:  # step t read hs[t + 1]; step T-1 read h0
+            inner, first, prev = d_pre[:-1], d_pre[-1], self.hs[1:]
+        else:  # step t read hs[t - 1]; step 0 read h0
+            inner, first, prev = d_pre[1:], d_pre[0], self.hs[:-1]
+        grad = inner.reshape(-1, gates).T @ prev.reshape(-1, size)
+        grad += first.T @ self.h0
+        return grad
 
 
 class ElmanSequence(_Sequence):
@@ -129,7 +136,9 @@ def _gate_constants(dtype, xp):
 class LSTMSequence(_Sequence):
     """c_t = f c_{t-1} + i g, h_t = o tanh(c_t), gates from xw_t + h_{t-1} W_hhᵀ."""
 
-    def forward(self, xw, h0, c0, w_hh, *bias, reverse=False):
+    def forward(self, xw, h0, c0, w_hh, *bias, reverse=False, overwrite_xw=False):
+        """``overwrite_xw=True``: the op may write its gates over the array of
+        xw (the caller's fresh input product, read by no one else)."""
         xp = xp_of(xw)
         length, (n, size) = xw.shape[0], c0.shape
         self.c0, self.w_hh, self.h0, self.reverse = c0, w_hh, h0, reverse
@@ -137,20 +146,24 @@ class LSTMSequence(_Sequence):
         self.cell_backward = kernels.lookup("lstm", xw, h0, c0, w_hh, *bias, step="backward")
         kernel = kernels.lookup("lstm", xw, h0, c0, w_hh, *bias)
         if kernel is not None:  # kernels/rnn_cell.py: float32, one kernel per step
-            self.gates, self.cs, self.tanh_cs, out = kernel(xw, h0, c0, w_hh, reverse,
-                                                            *bias)
+            self.gates, self.cs, self.tanh_cs, out = kernel(
+                xw, h0, c0, w_hh, reverse, *bias, overwrite_xw=overwrite_xw)
             self.hs = out[:length]
             return out
         if bias:
-            xw = xw + bias[0]
-        self.gates = xp.empty_like(xw)  # activated gates, per step
+            xw = xp.add(xw, bias[0], out=xw if overwrite_xw else None)
+        # activated gates, per step: over xw, or the products' own array
+        self.gates = xw if overwrite_xw else xp.empty_like(xw)
         self.cs = xp.empty((length, n, size), xw.dtype)
         self.tanh_cs = xp.empty_like(self.cs)
         scale, mult, add = _gate_constants(xw.dtype, xp)
         c_prev = [c0]
 
-        def step(t, pre, h, hs):  # pre is self.gates[t]
-            pre += xw[t]
+        def step(t, pre, h, hs):  # pre: self.gates[t], or h W_hhᵀ over xw
+            if overwrite_xw:
+                pre = xp.add(xw[t], pre, out=xw[t])
+            else:
+                pre += xw[t]
             quad = pre.reshape(n, 4, size)
             quad *= scale
             xp.tanh(pre, out=pre)
@@ -164,7 +177,8 @@ class LSTMSequence(_Sequence):
             xp.multiply(o, self.tanh_cs[t], out=hs[t])
             c_prev[0] = c
 
-        hs = self._loop_forward(xw, h0, w_hh, reverse, step, products=self.gates)
+        hs = self._loop_forward(xw, h0, w_hh, reverse, step,
+                                products=None if overwrite_xw else self.gates)
         return xp.concatenate([hs, c_prev[0][None]])
 
     def _factors(self, xp):

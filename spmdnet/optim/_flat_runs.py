@@ -50,20 +50,18 @@ class _Run:
     def __init__(self, start, p_place, g_place, p):
         self.start, self.stop = start, start + 1
         (self.pbase, self.poff), (self.gbase, self.goff) = p_place, g_place
-        self.sizes, self.shapes = [p.array.size], [p.array.shape]
+        self.sizes, self.shapes, self.numel = [p.array.size], [p.array.shape], p.array.size
         self.parts = {}  # (i, j) -> _Part: the state of the sub-run [i, j)
 
-    def extends(self, p_place, g_place, p):
-        end = self.poff + sum(self.sizes)
-        gend = self.goff + sum(self.sizes)
-        return (p_place[0] is self.pbase and p_place[1] == end
-                and g_place[0] is self.gbase and g_place[1] == gend
-                and p.grad.array.shape == p.array.shape)
+    def extends(self, p_place, g_place):
+        return (p_place[0] is self.pbase and p_place[1] == self.poff + self.numel
+                and g_place[0] is self.gbase and g_place[1] == self.goff + self.numel)
 
     def add(self, p):
         self.stop += 1
         self.sizes.append(p.array.size)
         self.shapes.append(p.array.shape)
+        self.numel += p.array.size
 
 
 def _runs(params):
@@ -76,7 +74,7 @@ def _runs(params):
         p_place, g_place = _flat_place(p.array), _flat_place(p.grad.array)
         if p_place is None or g_place is None or p.grad.array.shape != p.array.shape:
             run = None
-        elif run is not None and run.stop == i and run.extends(p_place, g_place, p):
+        elif run is not None and run.stop == i and run.extends(p_place, g_place):
             run.add(p)
         else:
             run = _Run(i, p_place, g_place, p)

@@ -5,6 +5,9 @@ Optimizers work on raw arrays (``p.array``, ``p.grad.array``), never on
 Tensors, so no autograd graph is recorded and no ``no_grad`` is needed. They update
 ``p.array`` strictly in place: other objects (flat gradient buckets, views
 made by data-parallel wrappers) alias those buffers and must stay valid.
+Each optimizer's update is one elementwise function of (data, grad,
+state); ``_step_group`` calls it once per run of parameters stored back to
+back in flat arrays (``_flat_runs``), once per parameter elsewhere.
 """
 import numpy as np
 

@@ -25,10 +25,10 @@ GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
 def _run(mode, xw, h0, c0, w_hh, b_ih, b_hh, reverse):
     """One layer and direction: (hs (T, N, H), h_n, c_n or None); xw is the
-    input product with ``_input_bias`` added."""
-    if mode == "LSTM":  # both biases go into the op's step pass
+    input product with ``_input_bias`` added, a fresh array only the op reads."""
+    if mode == "LSTM":  # both biases go into the op's step pass; its gates over xw
         bias = () if b_ih is None else (b_ih + b_hh,)
-        out = LSTMSequence.apply(xw, h0, c0, w_hh, *bias, reverse=reverse)
+        out = LSTMSequence.apply(xw, h0, c0, w_hh, *bias, reverse=reverse, overwrite_xw=True)
         length = out.shape[0] - 1
         hs = out[:length]
         return hs, out[0 if reverse else length - 1], out[length]
