@@ -119,8 +119,7 @@ def _batch_grad_sums(g, x, center, sums, scratch):
 @njit_inline
 def _grad_sums(g, x, k0, rounded, sums, j0, scratch, run):
     """``_batch_grad_sums``' pass over the channels j0.. of ``rounded`` (their
-    centers, rounded to x's dtype), positions k0.. of g and x (N, C·L) (whole
-    arrays indexed from k0: a slice's unknown stride stopped LLVM vectorising)."""
+    centers, rounded to x's dtype): positions k0.. of g and x (N, C·L)."""
     center_at, acc_g, acc_gx = scratch[0], scratch[1], scratch[2]
     width = rounded.shape[0] * run
     for j in range(rounded.shape[0]):
@@ -129,19 +128,15 @@ def _grad_sums(g, x, k0, rounded, sums, j0, scratch, run):
     for k in range(width):
         acc_g[k] = acc_gx[k] = 0.0
     end = x.shape[0] - x.shape[0] % 4
-    for i in range(0, end, 4):
-        for k in range(width):
-            m, p = center_at[k], k0 + k
-            g0, g1 = np.float64(g[i, p]), np.float64(g[i + 1, p])
-            g2, g3 = np.float64(g[i + 2, p]), np.float64(g[i + 3, p])
-            acc_g[k] += (g0 + g1) + (g2 + g3)
-            acc_gx[k] += ((g0 * _dev(x, i, p, m) + g1 * _dev(x, i + 1, p, m))
-                          + (g2 * _dev(x, i + 2, p, m) + g3 * _dev(x, i + 3, p, m)))
+    for i in range(0, end, 4):  # row views: an index k0 + k of unknown sign stops vectorising
+        _grad_sums4(g[i, k0:], g[i + 1, k0:], g[i + 2, k0:], g[i + 3, k0:], x[i, k0:],
+                    x[i + 1, k0:], x[i + 2, k0:], x[i + 3, k0:], center_at, acc_g, acc_gx, width)
     for i in range(end, x.shape[0]):
+        gi, xi = g[i, k0:], x[i, k0:]
         for k in range(width):
-            gk = np.float64(g[i, k0 + k])
+            gk = np.float64(gi[k])
             acc_g[k] += gk
-            acc_gx[k] += gk * _dev(x, i, k0 + k, center_at[k])
+            acc_gx[k] += gk * (np.float64(xi[k]) - center_at[k])
     for j in range(rounded.shape[0]):  # _channel_totals' order
         ta = tb = 0.0
         for k in range(j * run, (j + 1) * run):
@@ -149,6 +144,17 @@ def _grad_sums(g, x, k0, rounded, sums, j0, scratch, run):
             tb += acc_gx[k]
         sums[0, j0 + j] = ta
         sums[1, j0 + j] = tb
+
+
+@njit_inline
+def _grad_sums4(ga, gb, gc, gd, xa, xb, xc, xd, center_at, acc_g, acc_gx, width):
+    for k in range(width):
+        m = center_at[k]
+        g0, g1 = np.float64(ga[k]), np.float64(gb[k])
+        g2, g3 = np.float64(gc[k]), np.float64(gd[k])
+        acc_g[k] += (g0 + g1) + (g2 + g3)
+        acc_gx[k] += ((g0 * (np.float64(xa[k]) - m) + g1 * (np.float64(xb[k]) - m))
+                      + (g2 * (np.float64(xc[k]) - m) + g3 * (np.float64(xd[k]) - m)))
 
 
 @njit_inline

@@ -7,6 +7,11 @@ with ``recurse=True`` it says whether to look into ``m``'s children, with
 parameters not already inside a wrapped descendant. ``wrapped_modules``
 walks the model bottom-up in that order (PyTorch's documented recursion),
 so ``size_based_auto_wrap_policy`` sees the same numbers as PyTorch's.
+
+spmdnet's own form, ``FullyShardedDataParallel(..., wrap=...)``: module
+classes or a predicate on modules (``policy``); ``owners`` then walks the
+model: a module the policy wraps starts a unit, the rest belongs to the
+enclosing unit (the root "").
 """
 import functools
 
@@ -105,6 +110,42 @@ def as_wrap(root, auto_wrap_policy):
 
 def _is_chosen(chosen, module):
     return id(module) in chosen
+
+
+def policy(wrap):
+    if wrap is None:
+        return lambda m: False
+    if callable(wrap) and not isinstance(wrap, type):
+        return wrap
+    classes = (wrap,) if isinstance(wrap, type) else tuple(wrap)
+    return lambda m: isinstance(m, classes)
+
+
+def owners(model, policy):
+    """{unit module name: [(param name, param)]} for the root ("") and each wrapped module."""
+    units, owner_of = {"": (model, [])}, {}
+    stack = [("", model, "")]
+    while stack:
+        name, mod, unit = stack.pop()
+        if name and policy(mod):
+            unit = name
+            units[unit] = (mod, [])
+        for pname, p in mod._parameters.items():
+            if p is None or not p.requires_grad:
+                continue
+            full = f"{name}.{pname}" if name else pname
+            if id(p) in owner_of:
+                if owner_of[id(p)] != unit:
+                    raise ValueError(f"FSDP: parameter {full!r} is shared by units "
+                                     f"{owner_of[id(p)]!r} and {unit!r}; tie parameters "
+                                     "inside one unit (wrap their common parent)")
+                continue
+            owner_of[id(p)] = unit
+            units[unit][1].append((full, p))
+        for cname, child in reversed(list(mod._modules.items())):
+            if child is not None:
+                stack.append((f"{name}.{cname}" if name else cname, child, unit))
+    return units
 
 
 __all__ = ["ModuleWrapPolicy", "CustomPolicy", "always_wrap_policy",

@@ -11,6 +11,13 @@ out; the buffers themselves belong to the strategies.
 Parameters are grouped into layouts by ``dtype_groups`` (one per dtype)
 and into buckets by ``assign_buckets`` (whole parameters, one dtype each,
 at most a byte cap), shared by DataParallel and ZeRO-2.
+
+``ChunkLayout`` is the per-parameter sharding's layout (``fully_shard``):
+every array is cut along its own dimension into ``torch.chunk`` pieces, and
+shard r holds piece r of each array, one after the other, every piece
+padded to the first piece's size. Its arrays are not contiguous in it, so
+it has no views: arrays are copied in (``put``) and pieces read out
+(``piece``).
 """
 import math
 from itertools import accumulate
@@ -22,6 +29,9 @@ FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communicatio
 class FlatLayout:
     """Where each of some arrays (``shapes``, in order) lives in one flat
     buffer, padded to a multiple of ``parts``."""
+
+    viewable = True  # every array is one contiguous range (``views``)
+    dtype = None     # the storage's dtype: the arrays' own
 
     def __init__(self, shapes, parts=1):
         if parts < 1:
@@ -65,6 +75,87 @@ class FlatLayout:
             start, stop = max(off, lo), min(off + n, hi)
             if start < stop:
                 yield i, start - off, stop - off
+
+
+class ChunkLayout:
+    """Arrays ``shapes`` each split along ``dims[i]`` into ``parts``
+    ``torch.chunk`` pieces, laid out shard by shard (see the module
+    docstring); ``dtype``: the storage's dtype (None: the arrays')."""
+
+    viewable = False
+
+    def __init__(self, shapes, dims, parts, dtype=None):
+        if parts < 1:
+            raise ValueError(f"ChunkLayout: parts must be at least 1, got {parts}")
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.dims, self.parts, self.dtype = list(dims), parts, dtype
+        self.numels = [math.prod(s) for s in self.shapes]
+        self.steps = [-(-s[d] // parts) if s[d] else 0 for s, d in zip(self.shapes, self.dims)]
+        self.rows = [n // s[d] if s[d] else 0
+                     for n, s, d in zip(self.numels, self.shapes, self.dims)]
+        pieces = [step * row for step, row in zip(self.steps, self.rows)]
+        self.offsets = [0, *accumulate(pieces)][:-1]  # each array's piece within a shard
+        self.shard_numel = sum(pieces)
+        self.numel = self.padded_numel = self.shard_numel * parts
+
+    def shard_range(self, rank):
+        return rank * self.shard_numel, (rank + 1) * self.shard_numel
+
+    def bounds(self, i, rank):
+        """Rows [start, stop) of array ``i`` along its dimension in piece ``rank``."""
+        length = self.shapes[i][self.dims[i]]
+        start = min(rank * self.steps[i], length)
+        return start, min(start + self.steps[i], length)
+
+    def _blocks(self, flat, i):
+        """Array ``i``'s padded pieces in ``flat``: (parts, step, *other dims), a view."""
+        shape, dim = self.shapes[i], self.dims[i]
+        rest = shape[:dim] + shape[dim + 1:]
+        at = self.offsets[i]
+        shards = flat[:self.padded_numel].reshape(self.parts, self.shard_numel)
+        return shards[:, at:at + self.steps[i] * self.rows[i]].reshape(
+            (self.parts, self.steps[i]) + rest)
+
+    def put(self, flat, i, array, add=False):
+        """Copy (``add``: add) array ``i`` into its pieces in ``flat``."""
+        if not self.numels[i]:
+            return
+        moved = _dim_first(array.reshape(self.shapes[i]), self.dims[i])
+        blocks, step, length = self._blocks(flat, i), self.steps[i], moved.shape[0]
+        full = length // step  # pieces of ``step`` rows; then at most one shorter
+        parts = [(blocks[:full], moved[:full * step].reshape((full, step) + moved.shape[1:]))]
+        if length > full * step:
+            parts.append((blocks[full, :length - full * step], moved[full * step:]))
+        for dst, src in parts:
+            if add:
+                dst += src
+            else:
+                dst[...] = src
+
+    def piece(self, shard, i, rank):
+        """Array ``i``'s piece ``rank`` (its ``torch.chunk`` piece, unpadded)
+        read from ``shard``, that rank's shard of a flat (a view)."""
+        start, stop = self.bounds(i, rank)
+        shape, dim = self.shapes[i], self.dims[i]
+        rest = shape[:dim] + shape[dim + 1:]
+        at = self.offsets[i]
+        block = shard[at:at + (stop - start) * self.rows[i]].reshape((stop - start,) + rest)
+        return _dim_back(block, dim)
+
+
+def _dim_first(array, dim):
+    if not dim:
+        return array
+    order = (dim,) + tuple(d for d in range(array.ndim) if d != dim)
+    return array.transpose(order)
+
+
+def _dim_back(array, dim):
+    """The inverse of ``_dim_first``: axis 0 goes back to position ``dim``."""
+    if not dim:
+        return array
+    order = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, array.ndim))
+    return array.transpose(order)
 
 
 def bucket_bytes(bucket_mb):

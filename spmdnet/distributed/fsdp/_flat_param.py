@@ -1,4 +1,5 @@
-"""Shard units of ``FullyShardedDataParallel``: flat shards, gather, recompute.
+"""Flat shards of ``FullyShardedDataParallel``'s parameters (PyTorch's
+``FlatParameter``), and the split of a unit's parameters into them.
 
 A ``Flat`` holds some parameters of one unit as ONE flat shard per rank: the
 parameters raveled one after the other, zero-padded to a multiple of the
@@ -7,41 +8,23 @@ optimizer updates). Between uses the original parameters hold zero-size
 arrays; ``gather`` all-gathers the shard into a full array and points each
 parameter's ``.array`` at its view; ``free`` drops it again. Full arrays
 come from a ``Pool`` and go back to it when freed (the gradient buckets'
-storage too, see ``fully_sharded``): a step reuses the same few buffers
-instead of allocating (and page-faulting) new ones. A unit's output that is
-a view of its gathered parameters is copied before they are freed.
+storage too, see ``fully_sharded_data_parallel``): a step reuses the same
+few buffers instead of allocating (and page-faulting) new ones.
 
-A ``Unit`` is a module whose parameters form their own flats (the wrap
-policy), or the root. Wrapped units run through ``UnitRun``, one autograd
-``Function`` per call: its forward gathers, runs the module without
-recording a graph (no op can save a full parameter) and frees; its backward
-gathers again, re-runs the module's forward with a graph (activation
-recomputation, restoring the RNG state and the module's buffers, so dropout
-masks and running statistics are those of the first run), backpropagates the
-output gradient (into the gradient buckets of the wrapper's
-``ParamAndGradBuffer``, one per flat), tells the wrapper the unit's
-gradients are final (``unit_done``: their reduce-scatter starts and travels
-while the previous unit recomputes) and frees.
-
-Every rank runs every wrapped unit's backward, in the reverse order of the
-forward, whatever reaches its loss: each ``UnitRun`` of a training forward
-takes the previous unit's output as one more input (a "link", whose
-gradient is zeros) and ``ChainEnd`` links the last one to the model's
-output. A unit whose output reaches the loss on some ranks only then
-gathers and reduce-scatters (zeros) on the others too, instead of leaving
-them in another collective (a deadlock).
+``split_flats`` makes one ``Flat`` per dtype and distinct options dict among
+a unit's parameters (the ``param_groups`` function), so minGPT's groups
+(decay on the matrices, none on biases and LayerNorm) are separate shards,
+each padded to the group size. ``optimizer_groups`` builds the optimizer's
+``[{"params": shards, **options}]``.
 """
 import time
 
 from ... import distributed as dist
-from ... import random as sn_random
 from ..._owned_storage import claim
-from ..._tensor import Tensor
-from ...autograd import Function, enable_grad
 from ...backend import is_cupy_array, xp_of
-from ...distributed.bucket_collectives import BucketComm
 from ...nn import Parameter
-from .._common.flat import FlatLayout
+from ...parallel._common.flat import FlatLayout
+from ..bucket_collectives import BucketComm
 
 
 class Pool:
@@ -163,91 +146,54 @@ class Flat:
         self.shard.array[...] = self.layout.shard_of(full, self.rank)
 
 
-class Unit:
-    """A module whose own parameters (not those of nested units) form flats."""
 
-    def __init__(self, name, module, flats, recompute):
-        self.name, self.module, self.flats, self.recompute = name, module, flats, recompute
-        self.forward = type(module).forward.__get__(module)
-
-    def gather(self):
-        for f in self.flats:
-            f.gather()
-
-    def free(self):
-        for f in self.flats:
-            f.free()
-
-    def own(self, array):
-        """``array``, or a copy when it is a view of the gathered parameters
-        (which go back to the pool when freed)."""
-        xp = xp_of(array)
-        if any(f.full is not None and xp.may_share_memory(array, f.full) for f in self.flats):
-            return array.copy()
-        return array
+def split_flats(params, fn, comm, **shared):
+    """One flat per dtype and options dict ``fn(name, p)`` among a unit's
+    ``[(name, param)]``, in order of first appearance (usually one);
+    ``shared``: the ``Flat`` arguments every flat of the model takes (its
+    source and pool)."""
+    groups = {}
+    for name, p in params:
+        opts = options(fn, name, tuple(p.shape), p.dtype)
+        groups.setdefault((str(p.dtype), _key(opts)), (opts, []))[1].append((name, p))
+    flats = []
+    for opts, group in groups.values():
+        flats.append(Flat([n for n, _ in group], [p for _, p in group], comm, opts, **shared))
+    return flats
 
 
-def _buffers_snapshot(module):
-    return [(b, b.array.copy()) for b in module.buffers()]
+def optimizer_groups(flats, fn=None):
+    """``[{"params": shards, **options}]`` by each flat's options, or by
+    ``fn``; ValueError when ``fn`` gives one flat's parameters different options."""
+    groups = {}
+    for f in flats:
+        opts = [f.options] if fn is None else [
+            options(fn, n, s, f.dtype) for n, s in zip(f.names, f.shapes)]
+        if any(o != opts[0] for o in opts):
+            table = ", ".join(f"{n}: {o}" for n, o in zip(f.names, opts))
+            raise ValueError("FSDP.param_groups: one flat shard holds parameters with "
+                             f"different options ({table}); pass the function as "
+                             "FullyShardedDataParallel(..., param_groups=fn) to split "
+                             "each unit's flat shard by options")
+        groups.setdefault(_key(opts[0]), (opts[0], []))[1].append(f.shard)
+    return [{"params": shards, **opts} for opts, shards in groups.values()]
 
 
-def _zeros_like(xp, specs):
-    return tuple(xp.zeros(shape, dtype) for shape, dtype in specs)
+class _Shape:
+    """What ``param_groups``' function sees of a parameter: its shape and dtype."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype, self.ndim = shape, dtype, len(shape)
+
+    def dim(self):
+        return self.ndim
 
 
-class ChainEnd(Function):
-    """The model's output, linked to the last unit's output (``links``):
-    identity forward; backward calls ``on_backward`` (the end-of-backward
-    reduction is scheduled) and hands the links zero gradients, so that
-    every unit's backward runs on every rank."""
-
-    def forward(self, x, *links, on_backward=None):
-        self.on_backward = on_backward
-        self.links = [(a.shape, a.dtype) for a in links]
-        return x
-
-    def backward(self, g):
-        self.on_backward()
-        return (g,) + _zeros_like(xp_of(g), self.links)
+def options(fn, name, shape, dtype):
+    """The options dict ``fn`` gives parameter ``name`` ({} without ``fn``)."""
+    return {} if fn is None else dict(fn(name, _Shape(shape, dtype)) or {})
 
 
-class UnitRun(Function):
-    """A wrapped unit's call in the graph: its forward already ran without a
-    graph (``module_hooks``; ``result`` its output, ``rng`` the RNG state it
-    started from), backward by recomputation. The last ``n_links`` inputs
-    are links (see the module docstring): not passed to the unit, zero
-    gradients."""
-
-    def forward(self, *arrays, unit=None, n_shards=0, n_links=0, kwargs=None, owner=None,
-                result=None, rng=None):
-        self.unit, self.kwargs, self.owner = unit, kwargs or {}, owner
-        end = len(arrays) - n_links
-        self.inputs = arrays[n_shards:end]
-        self.links = [(a.shape, a.dtype) for a in arrays[end:]]
-        self.rng = rng
-        return result
-
-    def backward(self, g):
-        unit, owner = self.unit, self.owner
-        n = len(unit.flats)
-        needs = self.needs_input_grad[n:n + len(self.inputs)]
-        kept_rng, buffers = sn_random.get_rng_state(), _buffers_snapshot(unit.module)
-        unit.gather()
-        owner.open_grads(unit)
-        try:
-            sn_random.set_rng_state(self.rng)
-            xs = [Tensor(x, requires_grad=need) for x, need in zip(self.inputs, needs)]
-            with enable_grad():
-                out = unit.forward(*xs, **self.kwargs)
-            owner.poke()
-            if out.requires_grad:
-                out.backward(g)
-        finally:
-            sn_random.set_rng_state(kept_rng)
-            for b, saved in buffers:
-                b.array[...] = saved
-        owner.unit_done(unit)
-        unit.free()
-        owner.poke()
-        xgrads = tuple(None if x.grad is None else x.grad.array for x in xs)
-        return (None,) * n + xgrads + _zeros_like(xp_of(g), self.links)
+def _key(opts):
+    """A hashable key of an options dict (its values may be lists)."""
+    return repr(sorted(opts.items()))
