@@ -209,11 +209,14 @@ def _ufunc(ufunc, method, inputs, kwargs):
     if method == "at":
         return None if isinstance(inputs[0], MetaArray) else \
             _on_dummies(ufunc.at, inputs, kwargs)
-    if out:  # into a real buffer an op made: zeros, the placeholder's value, not computed
+    if out and getattr(_reading, "depth", 0):
+        # into a real buffer a meta op's forward made: zeros, the placeholder's value
         for o in out:
             if o is not None and not isinstance(o, MetaArray):
                 np.copyto(o, 0, casting="unsafe")
         return out[0] if len(out) == 1 else out
+    if out:
+        return _into_real(ufunc, method, inputs, out)
     kw = {k: v for k, v in kwargs.items() if k != "where"}
     with np.errstate(all="ignore"):
         if method == "__call__" and ufunc.signature is None:
@@ -235,6 +238,41 @@ def _ufunc(ufunc, method, inputs, kwargs):
     if isinstance(probe, tuple):
         return tuple(meta_array(shape, p.dtype) for p in probe)
     return meta_array(shape, probe.dtype)
+
+
+# PyTorch's ``add_``/``sub_``/``mul_``/``div_`` of a CPU tensor by a meta one
+# check shapes and dtypes and leave the CPU tensor as it was
+_ARITHMETIC = {np.add, np.subtract, np.multiply, np.true_divide}
+
+
+def _shapes(arrays):
+    return ", ".join(f"{'meta' if isinstance(a, MetaArray) else 'cpu'} {tuple(np.shape(a))}"
+                     for a in arrays if a is not None)
+
+
+def _into_real(ufunc, method, inputs, out):
+    """A ufunc of meta operands writing into a real array outside any meta
+    op (``cpu_tensor.add_(meta_tensor)``): as PyTorch, the in-place
+    arithmetic checks and changes nothing; anything else raises."""
+    if not (method == "__call__" and ufunc in _ARITHMETIC and len(out) == 1
+            and out[0] is inputs[0]):
+        raise RuntimeError(f"{ufunc.__name__}: a tensor on the 'meta' device cannot be "
+                           f"written into one on the 'cpu' device (operands "
+                           f"{_shapes(inputs)}; output {_shapes(out)})")
+    target = out[0]
+    try:
+        shape = np.broadcast_shapes(*[np.shape(x) for x in inputs])
+    except ValueError:
+        shape = None
+    if shape != target.shape:
+        raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the "
+                           f"broadcast shape of {_shapes(inputs)} ({ufunc.__name__})")
+    with np.errstate(all="ignore"):
+        result = ufunc(*[_zero_of(x) for x in inputs]).dtype
+    if not np.can_cast(result, target.dtype, "same_kind"):
+        raise RuntimeError(f"{ufunc.__name__}: result type {result} can't be cast to the "
+                           f"output's {target.dtype} ({_shapes(inputs)})")
+    return target
 
 
 def _matmul_shape(a, b):
@@ -271,11 +309,18 @@ def _function(func, args, kwargs):
             func is np.where and len(args) + len(kwargs) == 1):  # where(cond): nonzero
         raise NotImplementedError(_no_data(func.__name__) +
                                   ": the result's shape depends on the values")
-    if func in WRITES_FIRST and isinstance(args[0] if args else None, MetaArray):
-        return None  # a write into a meta tensor: no data to change
-    result = _on_dummies(func, args, kwargs)
+    reading = getattr(_reading, "depth", 0)
+    if func in WRITES_FIRST:
+        if isinstance(args[0] if args else None, MetaArray):
+            return None  # a write into a meta tensor: no data to change
+        if not reading:  # meta values into a real array: PyTorch's copy_ refuses
+            raise NotImplementedError(_no_data(f"{func.__name__} into a 'cpu' array"))
     out = kwargs.get("out")
-    if out is not None and result is out:  # written into a real buffer the caller gave
+    if out is not None and not isinstance(out, MetaArray) and not reading:
+        raise RuntimeError(f"{func.__name__}: a tensor on the 'meta' device cannot be written "
+                           f"into one on the 'cpu' device (output {_shapes((out,))})")
+    result = _on_dummies(func, args, kwargs)
+    if out is not None and result is out:  # a real buffer a meta op's forward made
         return result
     if isinstance(result, (bool, int, float, complex)) and func not in METADATA:
         _read(func.__name__)  # a number computed from the values

@@ -47,6 +47,8 @@ SDPA_CONFIGS = [  # query, key, value shapes; mask: None, "bool", "float", "caus
     ((5, 4), (7, 4), (7, 2), None),
     ((3, 9, 5), (3, 11, 5), (3, 11, 5), "bool"),
     ((2, 1, 4, 3), (1, 3, 5, 3), (1, 3, 5, 2), None),
+    ((1, 4, 3), (1, 5, 3), (2, 5, 2), None),  # value broadcasts further: masks over q kᵀ only
+    ((4, 3), (5, 3), (3, 2, 5, 2), "float"),
 ]
 
 

@@ -263,3 +263,24 @@ def test_eval_backward_uses_the_statistics_of_its_forward(mode):
     xhat = (x - b.reshape(1, -1, 1, 1)) / np.sqrt(w * w + 1e-5).reshape(1, -1, 1, 1)
     np.testing.assert_allclose(bn.weight.grad.numpy(), (g * xhat).sum(axis=(0, 2, 3)),
                                rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("block_bytes", [1, 200, 1 << 19])  # a channel, a few, all
+def test_fused_backward_is_the_two_kernels_bit_for_bit(monkeypatch, dtype, block_bytes):
+    """One call a block of channels at a time (no group: the op's training
+    backward) gives the sums, Σ g·x̂ and the input gradient of the two calls."""
+    monkeypatch.setattr(batch_norm_kernels, "BLOCK_BYTES", block_bytes)
+    for k, shape in enumerate(SHAPES + [(9, 6, 4, 4), (1, 4, 3)]):
+        x, g, w, _ = _data(shape, dtype, seed=k, loc=3.0)
+        count = x.size // shape[1]
+        for weight in (w, None):
+            mean, m2 = norm.batch_moments(x)
+            rstd = norm.batch_normalize(x, mean, m2, count, 1e-5, weight, weight)[1]
+            sums = norm.batch_grad_sums(g, x, mean)
+            sums[1] *= rstd
+            want = norm.batch_input_grad(g, x, mean, rstd, weight, sums, count)
+            got, got_sums = norm.batch_backward(g, x, mean, rstd, weight, count)
+            np.testing.assert_array_equal(got_sums, sums)
+            np.testing.assert_array_equal(got, want)
+            assert got.dtype == np.dtype(dtype)

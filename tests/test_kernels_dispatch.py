@@ -19,6 +19,7 @@ from spmdnet import kernels, nn, optim
 from spmdnet.autograd import gradcheck
 from spmdnet.autograd.grad_placement import place_grad
 from spmdnet.kernels import _cpu, _numba, dispatch, loss, norm
+from spmdnet.ops import batchnorm
 from spmdnet.ops.nn_ops import LayerNorm
 
 ACTS = list(F.ACTIVATIONS)
@@ -255,6 +256,16 @@ def _compiled_kernels():
     return found
 
 
+class _OneRank:
+    """A batch norm group of this rank alone: combining and reducing keep the values."""
+
+    def combine(self, count, mean, m2):
+        return count, mean, m2
+
+    def allreduce(self, sums):
+        return sums
+
+
 def _every_row(dtype):
     """Forward and backward of ops that, together, ask for every TABLE row."""
     rng = np.random.default_rng(5)
@@ -271,12 +282,16 @@ def _every_row(dtype):
     attention = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     image = t(2, 1, 6, 6)
     pooled = F.max_pool2d(F.conv2d(image, t(2, 1, 3, 3), padding=1), 2)
+    pooled = pooled + F.conv2d(image, t(2, 1, 3, 3), padding=1, stride=2)  # col2im
     channels = dispatch.WINOGRAD_MIN_CHANNELS
     wide = F.conv2d(t(1, channels, 4, 4), t(channels, channels, 3, 3), padding=1)
     total = F.cross_entropy(h, np.array([0, 1, 2, 3, 0, 1])) + attention.sum() + pooled.sum()
     normed = F.batch_norm(wide, sn.zeros(channels, dtype=dtype), sn.ones(channels, dtype=dtype),
                           t(channels), t(channels), training=True)
-    total = total + wide.sum() + (normed * normed).sum()
+    # a group of one rank: the sums and the input gradient as two calls (SyncBatchNorm's)
+    grouped = batchnorm.batch_norm(wide, None, None, t(channels), t(channels), training=True,
+                                   group=_OneRank())
+    total = total + wide.sum() + (normed * normed).sum() + (grouped * grouped).sum()
     seq, _ = nn.LSTM(4, 3, dtype=dtype)(h.reshape(3, 2, 4))
     total = total + seq.sum()
     total.backward()

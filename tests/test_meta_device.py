@@ -8,7 +8,7 @@ in-place fills of a meta tensor are no-ops; copying data out raises
 NotImplementedError; ``repr`` is ``tensor(..., device='meta', size=...)``.
 Ops on meta tensors: tests/test_meta_ops.py.
 """
-import resource
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -79,13 +79,67 @@ def test_inplace_fills_and_init_on_meta_are_noops_drawing_nothing():
     assert _rng_unchanged(before) and t.is_meta
 
 
-def test_large_linear_on_meta_takes_no_memory():
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    with sn.device("meta"):
-        big = nn.Linear(20000, 20000)  # 1.6 GB as float32 if it held data
-    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
+@pytest.mark.parametrize("where", ["with device", "device="])
+def test_large_linear_on_meta_takes_no_memory(where):
+    """Not even a transient ``np.empty`` of the data's size (the peak
+    allocation during construction, NumPy's arrays included)."""
+    tracemalloc.start()
+    try:
+        if where == "device=":
+            big = nn.Linear(20000, 20000, device="meta")  # 1.6 GB as float32 with data
+        else:
+            with sn.device("meta"):
+                big = nn.Linear(20000, 20000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert big.weight.shape == (20000, 20000) and big.weight.nbytes == 20000 * 20000 * 4
-    assert grown_kib < 100 * 1024
+    assert peak < 1 << 20, f"{peak / 2**20:.1f} MiB allocated"
+
+
+# PyTorch 2.13: a CPU tensor's add_/sub_/mul_/div_ (and +=, *=) by a meta
+# tensor checks the shapes and leaves the CPU tensor as it was; clamp_ with a
+# meta bound raises RuntimeError ("Tensor on device meta is not on the
+# expected device cpu!"); copy_ and t[i] = meta raise NotImplementedError
+# ("Cannot copy out of meta tensor; no data!")
+KEEPS = {"add_": lambda r, v: r.add_(v), "sub_ alpha": lambda r, v: r.sub_(v, alpha=2),
+         "mul_": lambda r, v: r.mul_(v), "div_": lambda r, v: r.div_(v),
+         "+=": lambda r, v: r.__iadd__(v), "*= 0-d": lambda r, v: r.__imul__(v[0]),
+         "float64 operand": lambda r, v: r.add_(v.double())}
+
+
+@pytest.mark.parametrize("op", list(KEEPS), ids=list(KEEPS))
+def test_cpu_tensor_updated_by_a_meta_one_is_left_as_pytorch_leaves_it(op):
+    r = sn.tensor([1.0, 2.0, 3.0])
+    assert KEEPS[op](r, sn.empty(3, device="meta")) is r
+    np.testing.assert_array_equal(r.numpy(), [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("op, error, match", [
+    (lambda r: r.add_(sn.empty(2, 3, device="meta")), RuntimeError,
+     r"output with shape \[3\] doesn't match the broadcast shape"),
+    (lambda r: r.sub_(sn.empty(4, device="meta")), RuntimeError, r"meta \(4,\)"),
+    (lambda r: r.clamp_(min=sn.empty(3, device="meta")), RuntimeError,
+     r"'meta' device .* 'cpu' device .*cpu \(3,\)"),
+    (lambda r: r.copy_(sn.empty(3, device="meta")), NotImplementedError, "Cannot copy out"),
+    (lambda r: r.__setitem__(0, sn.empty((), device="meta")), NotImplementedError,
+     "Cannot copy out"),
+    (lambda r: np.copyto(r.numpy(), sn.empty(3, device="meta").array), NotImplementedError,
+     "copyto into a 'cpu' array"),
+], ids=["add_ broadcast", "sub_ mismatch", "clamp_", "copy_", "setitem", "np.copyto"])
+def test_cpu_tensor_written_from_a_meta_one_raises_and_keeps_its_data(op, error, match):
+    r = sn.tensor([1.0, 2.0, 3.0])
+    with pytest.raises(error, match=match):
+        op(r)
+    np.testing.assert_array_equal(r.numpy(), [1.0, 2.0, 3.0])
+
+
+def test_int_tensor_updated_by_a_float_meta_one_refuses():
+    """PyTorch: RuntimeError (int.add_(float) cannot promote in place)."""
+    r = sn.tensor([1, 2, 3])
+    with pytest.raises(RuntimeError, match="float.* can't be cast to .*int64"):
+        r.add_(sn.empty(3, device="meta"))
+    np.testing.assert_array_equal(r.numpy(), [1, 2, 3])
 
 
 def test_to_empty_then_reset_equals_direct_construction_after_the_same_seed():

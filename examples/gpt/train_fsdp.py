@@ -29,7 +29,9 @@ def main(argv=None):
 
     def decay(name, p):  # AdamW's options of a parameter: decay on matrices only
         return {"weight_decay": args.weight_decay if p.ndim >= 2 else 0.0}
-    fsdp = parallel.FullyShardedDataParallel(model, wrap={Block}, param_groups=decay)
+    # forward_prefetch: each unit's gather travels while the one before computes
+    fsdp = parallel.FullyShardedDataParallel(model, wrap={Block}, forward_prefetch=True,
+                                             param_groups=decay)
     opt, sched = common.adamw_with_schedule(fsdp.param_groups(decay), args)
     loader = common.loader(train_set, args)
     tokens_per_step = common.announce(args, None, n_params, tok, train_set, entropy, " FSDP")

@@ -1,11 +1,13 @@
 """Ops on meta tensors (PyTorch's ``device("meta")``): ``Function.apply``
 runs an op whose inputs include a meta tensor here.
 
-Forward: the few ops that compute on plain arrays they derive from their
-inputs (windows through ``as_strided``: convolutions, pooling) give their
-result's shape by a rule in ``RULES``; any other op's forward runs on the
-inputs' ``MetaArray``s, whose NumPy is shape-only (``_meta.py``), and what it
-returns is kept as shape and dtype only. Backward never runs the op's own:
+Forward: ops whose forward would compute on plain arrays (windows through
+``as_strided``, time loops, NumPy functions that strip ``MetaArray``) give
+their result's shape and dtype by a rule the ops register by class
+(``register_shape_rule``, ``register_elementwise``: ops/_meta_rules.py and the
+op modules); any other op's forward runs on the inputs' ``MetaArray``s, whose
+NumPy is shape-only (``_meta.py``), and what it returns is kept as shape and
+dtype only. Backward never runs the op's own:
 each input's gradient is a meta array of that input's shape and dtype, so
 ``loss.backward()`` on a meta graph gives meta gradients, as PyTorch's.
 An op that cannot run shape-only raises NotImplementedError naming it.
@@ -24,33 +26,40 @@ def any_meta(arrays):
     return False
 
 
-def _conv_size(n, k, stride, pad, dilation):
-    return (n + sum(pad) - dilation * (k - 1) - 1) // stride + 1
+_RULES = {}  # op class -> (ctx, arrays, kwargs) -> (result shape, dtype)
 
 
-def _conv2d(x, weight, *bias, stride=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), **_):
-    hw = tuple(_conv_size(n, k, s, p, d) for n, k, s, p, d in
-               zip(x.shape[2:], weight.shape[2:], stride, pads, dilation))
-    return (x.shape[0], weight.shape[0]) + hw, np.result_type(x, weight)
+def register_shape_rule(op, rule):
+    """Give op class ``op`` (a ``Function`` subclass, exactly: not its
+    subclasses) a shape rule for meta inputs: ``rule(*arrays, **kwargs)`` ->
+    (result shape, dtype), called in place of the op's forward. For ops whose
+    forward would allocate or compute on the placeholders (plain arrays it
+    derives, time loops, NumPy functions that strip ``MetaArray``)."""
+    if not isinstance(op, type) or not callable(rule):
+        raise TypeError(f"register_shape_rule: an op class and a callable, got {op!r}, {rule!r}")
+    _RULES[op] = lambda ctx, arrays, kwargs: rule(*arrays, **kwargs)
 
 
-def _conv_transpose2d(x, weight, *bias, groups=1, out_hw=(1, 1), **_):
-    return (x.shape[0], weight.shape[1] * groups) + tuple(out_hw), np.result_type(x, weight)
+def register_elementwise(op):
+    """Shape rule of an elementwise op: its forward runs on one-element
+    meta stand-ins of the inputs (its argument checks and its result dtype,
+    no work) and the result has the inputs' broadcast shape."""
+    if not isinstance(op, type):
+        raise TypeError(f"register_elementwise: an op class, got {op!r}")
+    _RULES[op] = _elementwise
 
 
-def _pool(x, out=(1, 1), **_):
-    return x.shape[:-2] + tuple(out), x.dtype
-
-
-# op class name -> (input arrays, keyword arguments) -> (result shape, dtype)
-RULES = {"Conv2d": _conv2d, "ConvTranspose2d": _conv_transpose2d, "MaxPool2d": _pool,
-         "AvgPool2d": _pool, "AdaptiveMaxPool2d": _pool, "AdaptiveAvgPool2d": _pool}
+def _elementwise(ctx, arrays, kwargs):
+    small = [meta_array((1,) * a.ndim, a.dtype) if type(a) is MetaArray else a for a in arrays]
+    with reading_placeholders():
+        out = _precision.forward(ctx, small, kwargs)
+    return np.broadcast_shapes(*[np.shape(a) for a in arrays]), out.dtype
 
 
 def _forward(ctx, arrays, kwargs):
-    rule = RULES.get(type(ctx).__name__)
+    rule = _RULES.get(type(ctx))
     if rule is not None:
-        return meta_array(*rule(*arrays, **kwargs))
+        return meta_array(*rule(ctx, arrays, kwargs))
     with reading_placeholders():
         out = _precision.forward(ctx, arrays, kwargs)
     return meta_array(out.shape, out.dtype)

@@ -8,7 +8,7 @@ What changes with the number of data-parallel replicas, and what does not:
   full (unsharded) state: ZeRO's and FSDP's optimizer shards are gathered
   into the original parameters' shapes when saved and cut into the new
   world's shards when loaded (``distributed/optim/zero_state.py``,
-  ``parallel/fsdp/optim_state.py``), so they load at any world size.
+  ``distributed/fsdp/_optim_utils.py``), so they load at any world size.
 - A tensor- or pipeline-parallel checkpoint holds one part per rank,
   ``rank<r>/``, ranks laid out as ``Mesh`` lays them out (tp fastest, then
   dp, then pp). Every data-parallel replica holds the same parts, so a job

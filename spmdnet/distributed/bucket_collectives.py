@@ -18,7 +18,9 @@ Every work is started and waited for in the same order on every rank, and
 its wait runs inside ``guarded`` (numbered, checked, watched), so the
 collectives always match. (``all_gather_in_place`` and ``allgather_objects``
 are the blocking calls the same wrappers make besides.) ``Work.wait``
-returns the seconds it waited (the exposed communication).
+returns the seconds it waited (the exposed communication). ``Work.then``
+chains a second collective on the first one's result (HSDP's all-reduce
+after its reduce-scatter): started once the first is done.
 """
 import queue
 import threading
@@ -74,6 +76,10 @@ class Work:
         self.comm, self.label, self.buf = comm, label, buf
         self.request, self.run, self.done, self.errors = request, run, done, errors
 
+    def then(self, start_next):
+        """This work followed by ``start_next()``'s (started when this one is done)."""
+        return Chained(self, start_next)
+
     def test(self):
         """Whether it has completed (polls a non-blocking request)."""
         if self.request is not None:
@@ -94,6 +100,39 @@ class Work:
                 self.run()
             self.run = self.request = None
         return time.perf_counter() - t0
+
+
+class Chained:
+    """A work, then the work ``start_next()`` starts once the first is done:
+    when a ``test`` finds it done (so the second overlaps too), or in ``wait``."""
+
+    def __init__(self, first, start_next):
+        self.first, self.start_next, self.second = first, start_next, None
+        self.waited = 0.0
+
+    @property
+    def request(self):  # the request in flight now (``BucketComm.progress`` tests it)
+        return (self.first if self.second is None else self.second).request
+
+    def _advance(self):
+        if self.second is None:
+            self.waited += self.first.wait()
+            self.second = self.start_next()
+
+    def test(self):
+        if self.second is None:
+            if not self.first.test():
+                return False
+            self._advance()
+        return self.second.test()
+
+    def wait(self):
+        self._advance()
+        waited, self.waited = self.waited + self.second.wait(), 0.0
+        return waited
+
+    def then(self, start_next):
+        return Chained(self, start_next)
 
 
 class BucketComm:

@@ -102,7 +102,8 @@ TABLE = {
     # forward + backward: 1.8-2.8x faster than the xp code (13 against 34 ms of a step);
     # (N, C) input (runs of 1 value) 1-2x slower: xp there (norm.batch_takes)
     "batch_norm": Rule({"moments": norm.batch_moments, "forward": norm.batch_normalize,
-                        "sums": norm.batch_grad_sums, "backward": norm.batch_input_grad},
+                        "sums": norm.batch_grad_sums, "backward": norm.batch_input_grad,
+                        "fused_backward": norm.batch_backward},
                        norm.batch_takes),
     "embedding": Rule({"backward": embedding.backward}),
     # row-at-a-time attention kernels (no BLAS) measured 1.2x (T=64) to 11x

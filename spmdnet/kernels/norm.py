@@ -18,15 +18,15 @@ import numpy as np
 
 from ..backend import xp_of
 from . import reduce
-from .batch_norm import (batch_grad_sums, batch_input_grad, batch_moments, batch_normalize,
-                         batch_takes)
+from .batch_norm import (batch_backward, batch_grad_sums, batch_input_grad, batch_moments,
+                         batch_normalize, batch_takes)
 from .batch_norm import warmup as _batch_norm_warmup
 from ._cpu import CpuKernel
 from ._numba import njit_inline, prange
 from ._target import check_target
 
 __all__ = ["forward", "backward", "warmup", "batch_moments", "batch_normalize",
-           "batch_grad_sums", "batch_input_grad", "batch_takes"]
+           "batch_grad_sums", "batch_input_grad", "batch_backward", "batch_takes"]
 
 
 def _forward(x, weight, bias, out, mean, rstd, c):

@@ -7,6 +7,7 @@ behind any Tensor method.
 from .._tensor import Tensor
 from . import compare, complex, convert, gather, index, inplace, methods, pointwise, reduce
 from . import sampling, scan, shape, shared_storage, sort, unary
+from . import _meta_rules  # noqa: F401 - registers the ops' shape rules for meta tensors
 from .arith import add, as_tensor_like, div, mul, neg, pow, rdiv, rpow, rsub, sub
 from .convert import array_ufunc
 from .index import getitem

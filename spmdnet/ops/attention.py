@@ -21,6 +21,7 @@ from .. import kernels
 from .._meta import is_meta_array
 from .._tensor import Tensor
 from ..autograd.function import Function
+from ..autograd.meta import register_shape_rule
 from ..backend import xp_of
 from ..kernels.attention import dropout_keep
 from ..random import distributions, generator
@@ -76,8 +77,10 @@ class ScaledDotProductAttention(Function):
         if mask is not None:
             mask = mask if mask.dtype.kind == "b" else mask.astype(q.dtype, copy=False)
         self.mask, self.causal, self.scale = mask, causal, scale
-        self.dropout_p, self.seed, self.keep = dropout_p, seed, keep
         n = self.q.shape[0]
+        if keep is not None:  # drawn over q kᵀ's leading dims: shared across value's extra ones
+            keep = np.broadcast_to(keep, lead + keep.shape[-2:]).reshape((n,) + keep.shape[-2:])
+        self.dropout_p, self.seed, self.keep = dropout_p, seed, keep
         self.block = block_rows or max(1, BLOCK_ELEMENTS // max(1, n * source))
         # keep q * scale in place of q: scores need no scaling
         # pass (L x S) in forward or backward, and dk = ds^T (q * scale)
@@ -159,8 +162,7 @@ class ScaledDotProductAttention(Function):
         if self.dropout_p >= 1:  # PyTorch: all dropped, nothing drawn
             return xp.zeros((shape[0], len(rows), shape[2]), self.q.dtype)
         keep = dropout_keep(xp, shape, rows, self.seed, self.dropout_p)
-        inv = 0.0 if self.dropout_p >= 1 else 1.0 / (1.0 - self.dropout_p)
-        return keep * self.q.dtype.type(inv)
+        return keep * self.q.dtype.type(1.0 / (1.0 - self.dropout_p))
 
     def _mask_grad(self, dmask, ds, r):
         """Add the scores' gradient of rows r to the mask's, unbroadcast."""
@@ -174,6 +176,15 @@ class ScaledDotProductAttention(Function):
         need = self.needs_input_grad
         return tuple(unbroadcast(g.reshape(self.lead + g.shape[1:]), shape) if need[i] else None
                      for i, (g, shape) in enumerate(zip(grads, self.shapes, strict=True)))
+
+
+def _meta_shape(q, k, v, *grad_mask, mask=None, **_):
+    """The op's result on meta inputs: (..., L, Ev), no blocks computed."""
+    mask = grad_mask[0] if grad_mask else mask
+    return _check_shapes(q, k, v, mask) + (q.shape[-2], v.shape[-1]), q.dtype
+
+
+register_shape_rule(ScaledDotProductAttention, _meta_shape)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -199,7 +210,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if any(is_meta_array(t.array) for t in (query, key, value)):
         dropout_p = 0.0  # shape-only: PyTorch's meta attention draws nothing
     elif 0.0 < dropout_p < 1.0 and xp_of(query.array) is np:
-        keep = _attention_keep(query, key, value, attn_mask, 1.0 - dropout_p)
+        keep = _attention_keep(query, key, attn_mask, 1.0 - dropout_p)
     elif dropout_p > 0:  # a GPU's Philox stream, seeded by one 64-bit draw (p = 1 draws none)
         seed = int(generator().random64(1)[0]) >> 1 if dropout_p < 1 else 0
     return ScaledDotProductAttention.apply(*inputs, mask=mask, causal=bool(is_causal),
@@ -207,12 +218,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                            seed=seed, keep=keep)
 
 
-def _attention_keep(query, key, value, attn_mask, keep_p):
+def _attention_keep(query, key, attn_mask, keep_p):
     """The kept attention weights, as PyTorch's CPU (math) attention draws
     them: ``bernoulli_(1 - p)`` over the weights (..., L, S) after the softmax,
     one float64 uniform each in row-major order, from the current generator;
-    bit-packed along S (``np.packbits``), drawn a slab of rows at a time."""
-    shapes = [t.shape[:-2] for t in (query, key, value)]
+    bit-packed along S (``np.packbits``), drawn a slab of rows at a time.
+    The weights' leading dims are those of q, k and the mask: a value that
+    broadcasts further shares each mask across its extra dims (the op
+    broadcasts it), as PyTorch's weights @ value does."""
+    shapes = [t.shape[:-2] for t in (query, key)]
     if attn_mask is not None:
         shapes.append(tuple(getattr(attn_mask, "shape", np.shape(attn_mask)))[:-2])
     try:
@@ -226,4 +240,4 @@ def _attention_keep(query, key, value, attn_mask, keep_p):
         n = min(step, rows - r)
         draws = distributions.bernoulli_scalar(generator(), (n, source), keep_p, np.bool_)
         packed[r:r + n] = np.packbits(draws, axis=-1)
-    return packed.reshape(math.prod(lead), query.shape[-2], (source + 7) // 8)
+    return packed.reshape(lead + (query.shape[-2], (source + 7) // 8))

@@ -13,8 +13,9 @@ Where ``kernels.lookup("batch_norm")`` gives kernels (NumPy float32/64),
 ``batch_norm`` decides once for the statistics, the forward and the
 backward: the statistics and the backward's sums are then float64 (the
 per-channel arithmetic between the passes too) and each full-size pass is
-one kernel (``spmdnet.kernels.batch_norm``, re-exported by ``kernels.norm``);
-the xp code here is their reference. ResNet-18's BatchNorm2d layers (batch
+one kernel (``spmdnet.kernels.batch_norm``, re-exported by ``kernels.norm``;
+with no group, the backward's sums and input gradient are one call, a block
+of channels at a time); the xp code here is their reference. ResNet-18's BatchNorm2d layers (batch
 32, 1 thread) took 13 against 34 ms of a step with the xp code.
 """
 import numpy as np
@@ -23,8 +24,9 @@ from .. import kernels
 from ..autograd import Function
 from ..backend import xp_of
 
-# What a training forward and its backward run, all or none.
-KERNEL_STEPS = ("moments", "forward", "sums", "backward")
+# What a training forward and its backward run, all or none ("fused_backward":
+# the sums and the input gradient in one call, where no group combines the sums).
+KERNEL_STEPS = ("moments", "forward", "sums", "backward", "fused_backward")
 EVAL_STEPS = ("forward", "sums")  # eval: the affine pass; the weight's gradient sums
 
 
@@ -101,7 +103,11 @@ class BatchNorm(Function):
     def backward(self, g):
         need, nd = self.needs_input_grad, g.ndim
         xp = xp_of(g)
-        if self.kernels is not None:  # float64 (2, C): Σ g, Σ g·(x - mean)·rstd
+        gw = gb = gx = None
+        if self.kernels is not None and self.group is None and need[0]:  # one call
+            gx, sums = self.kernels["fused_backward"](g, self.x, self.mean, self.rstd,
+                                                      self.weight, self.count)
+        elif self.kernels is not None:  # float64 (2, C): Σ g, Σ g·(x - mean)·rstd
             sums = self.kernels["sums"](g, self.x, self.mean)
             sums[1] *= self.rstd
             centered = None
@@ -111,13 +117,12 @@ class BatchNorm(Function):
             sum_g = g.sum(axis=axes)
             sum_gxhat = (g * centered).sum(axis=axes) * self.rstd
             sums = xp.stack([sum_g, sum_gxhat])
-        gw = gb = gx = None
         if self.affine:  # the local sums: DataParallel averages them
             gw = sums[1].astype(g.dtype) if need[1] else None
             gb = sums[0].astype(g.dtype) if need[2] else None
         if self.group is not None:  # every rank of the group reduces, whatever it needs
             sums = self.group.allreduce(sums)
-        if need[0]:
+        if need[0] and gx is None:
             # scale·(g - mean(g) - x̂·mean(g·x̂)) with x̂ = centered·rstd
             if self.kernels is not None:
                 gx = self.kernels["backward"](g, self.x, self.mean, self.rstd, self.weight,

@@ -1,6 +1,5 @@
 """Parallelism over MPI, one sub-package per strategy, each owning its state:
 
-- ``fsdp``: ``FullyShardedDataParallel`` (ZeRO-3);
 - ``tensor_parallel``: Megatron-style layers and their collectives;
 - ``pipeline``: ``Pipeline`` (GPipe);
 - ``sync_batchnorm``: ``SyncBatchNorm`` (also ``spmdnet.nn.SyncBatchNorm``);
@@ -11,7 +10,8 @@
 The strategies PyTorch has live at PyTorch's paths and are named here too,
 the same objects: ``DataParallel`` (``DistributedDataParallel``) and
 ``allreduce_gradients`` from ``spmdnet.nn.parallel.distributed``,
-``ZeroRedundancyOptimizer`` (stages 1 and 2) from ``spmdnet.distributed.optim``.
+``ZeroRedundancyOptimizer`` (stages 1 and 2) from ``spmdnet.distributed.optim``,
+``FullyShardedDataParallel`` (ZeRO-3) from ``spmdnet.distributed.fsdp``.
 They build on ``_common``, so this package imports nothing when it loads (a
 module importing ``parallel._common`` runs this file first): each name is
 imported on first access (PEP 562), and ``import spmdnet`` loads them all.
@@ -44,8 +44,8 @@ def _resolve(name):
         from ..distributed.optim import zero_redundancy_optimizer as zero  # noqa: PLC0415
         return zero.ZeroRedundancyOptimizer
     if name == "FullyShardedDataParallel":
-        from .fsdp import FullyShardedDataParallel  # noqa: PLC0415
-        return FullyShardedDataParallel
+        from ..distributed.fsdp import fully_sharded_data_parallel as fsdp  # noqa: PLC0415
+        return fsdp.FullyShardedDataParallel
     if name in ("Pipeline", "pipeline"):
         from .pipeline import Pipeline  # noqa: PLC0415 - binds the sub-package here too
         return Pipeline if name == "Pipeline" else globals()["pipeline"]

@@ -14,7 +14,7 @@ import spmdnet as sn
 import spmdnet.functional as F
 from spmdnet import dist, nn, optim, parallel
 from spmdnet.autograd.grad_placement import has_placement
-from spmdnet.parallel.fsdp import units as fsdp_units
+from spmdnet.distributed.fsdp import _flat_param as fsdp_flat
 
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 
@@ -200,14 +200,14 @@ def test_sharded_state_round_trip():
 
 def test_no_full_parameters_or_gradients_alive_between_steps(monkeypatch):
     alive = []
-    take = fsdp_units.Pool.take
+    take = fsdp_flat.Pool.take
 
     def tracked_take(self, xp, n, dtype):  # gathered parameters and gradient buckets
         buf = take(self, xp, n, dtype)
         alive.append(weakref.ref(buf))
         return buf
 
-    monkeypatch.setattr(fsdp_units.Pool, "take", tracked_take)
+    monkeypatch.setattr(fsdp_flat.Pool, "take", tracked_take)
     for reshard in (True, False):
         net, fsdp = make(reshard=reshard)
         opt = optim.AdamW(fsdp.parameters(), lr=0.01)

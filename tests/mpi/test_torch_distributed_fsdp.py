@@ -4,6 +4,7 @@ training on the global batch, the auto-wrap policies pick the modules
 PyTorch's documented recursion picks (hand-counted parameter numbers), the
 state-dict type, and the strategies we do not build raise."""
 import functools
+import inspect
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ import spmdnet as torch
 import spmdnet.distributed as dist
 import spmdnet.nn.functional as F
 from spmdnet import nn
-from spmdnet.distributed.fsdp import (CPUOffload, FullStateDictConfig,
+from spmdnet import parallel
+from spmdnet.autograd import is_grad_enabled
+from spmdnet.distributed.fsdp import (BackwardPrefetch, CPUOffload, FullStateDictConfig,
                                       FullyShardedDataParallel as FSDP, ShardingStrategy,
                                       StateDictType)
 from spmdnet.distributed.fsdp.wrap import (ModuleWrapPolicy, size_based_auto_wrap_policy,
@@ -139,6 +142,95 @@ def test_strategies_and_options_we_do_not_build_raise():
         FSDP(net(), cpu_offload=CPUOffload(offload_params=True))
     with pytest.raises(NotImplementedError, match="SHARDED_STATE_DICT"):
         FSDP.set_state_dict_type(net(), StateDictType.SHARDED_STATE_DICT)
+
+
+# PyTorch 2.13's FullyShardedDataParallel.__init__ (inspect.signature), in order
+PYTORCH_SIGNATURE = [
+    ("module", inspect.Parameter.empty), ("process_group", None), ("sharding_strategy", None),
+    ("cpu_offload", None), ("auto_wrap_policy", None),
+    ("backward_prefetch", BackwardPrefetch.BACKWARD_PRE), ("mixed_precision", None),
+    ("ignored_modules", None), ("param_init_fn", None), ("device_id", None),
+    ("sync_module_states", False), ("forward_prefetch", False), ("limit_all_gathers", True),
+    ("use_orig_params", False), ("ignored_states", None), ("device_mesh", None)]
+
+
+def test_one_class_with_pytorch_positional_signature_and_spmdnet_keywords():
+    assert parallel.FullyShardedDataParallel is FSDP
+    params = list(inspect.signature(FSDP.__init__).parameters.values())[1:]
+    positional = [(p.name, p.default) for p in params
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == PYTORCH_SIGNATURE
+    assert {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY} == {
+        "comm", "wrap", "reshard_after_forward", "prefetch", "nonfinite", "overlap",
+        "param_groups"}
+
+
+def _prefetch_run(*args, **kwargs):
+    """Train 3 steps; (state, forward hits, backward hits, the most gathers in
+    flight while a unit recomputes in backward)."""
+    model = FSDP(net(), *args, **kwargs)
+    x, y = shard()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    in_flight = []
+
+    def record(module, inputs, out):
+        if is_grad_enabled() and model.prefetcher.phase == "backward":
+            in_flight.append(len(model.prefetcher.pending))
+
+    for block in model.module.blocks:  # inside the unit: called by the recompute too
+        block.fc.register_forward_hook(record)
+    fwd = bwd = 0
+    for _ in range(3):
+        opt.zero_grad()
+        h0 = model.prefetcher.hits
+        loss = F.mse_loss(model(torch.tensor(x)), torch.tensor(y))
+        h1 = model.prefetcher.hits
+        loss.backward()
+        fwd, bwd = fwd + h1 - h0, bwd + model.prefetcher.hits - h1
+        opt.step()
+    state = model.state_dict()
+    model.close()
+    return state, fwd, bwd, max(in_flight)
+
+
+@pytest.mark.parametrize("forward_prefetch, backward_prefetch", [
+    (False, None), (True, None), (False, BackwardPrefetch.BACKWARD_PRE),
+    (True, BackwardPrefetch.BACKWARD_POST)])
+def test_prefetch_flags_choose_the_prefetched_phases_and_change_no_number(
+        forward_prefetch, backward_prefetch):
+    policy = ModuleWrapPolicy({Block})
+    # PyTorch's positional order: process_group, sharding_strategy, cpu_offload,
+    # auto_wrap_policy, backward_prefetch
+    state, fwd, bwd, in_flight = _prefetch_run(None, None, None, policy, backward_prefetch,
+                                               forward_prefetch=forward_prefetch)
+    plain, *hits = _prefetch_run(auto_wrap_policy=policy, prefetch=False)
+    assert hits == [0, 0, 0]
+    for key in plain:
+        np.testing.assert_array_equal(state[key].numpy(), plain[key].numpy(), err_msg=key)
+    many = dist.get_world_size() > 1  # one rank gathers by copying: nothing to prefetch
+    # from step 2 on (the order is recorded in step 1): forward gathers the root
+    # unit and both blocks, backward recomputes the two blocks
+    assert fwd == (6 if forward_prefetch and many else 0)
+    assert bwd == (4 if backward_prefetch and many else 0)
+    # BACKWARD_PRE gathers blocks.0 while blocks.1 recomputes; BACKWARD_POST only after
+    assert in_flight == (1 if backward_prefetch is BackwardPrefetch.BACKWARD_PRE and many
+                         else 0)
+
+
+def test_contradicting_arguments_raise():
+    with pytest.raises(ValueError, match="prefetch=False contradicts forward_prefetch=True"):
+        FSDP(net(), forward_prefetch=True, prefetch=False)
+    with pytest.raises(ValueError, match="BACKWARD_POST contradicts"):
+        FSDP(net(), backward_prefetch=BackwardPrefetch.BACKWARD_POST, prefetch=True)
+    with pytest.raises(ValueError, match="auto_wrap_policy or wrap, not both"):
+        FSDP(net(), auto_wrap_policy=ModuleWrapPolicy({Block}), wrap={Block})
+    with pytest.raises(ValueError, match="contradicts sharding_strategy"):
+        FSDP(net(), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+             reshard_after_forward=True)
+    with pytest.raises(ValueError, match=r"NO_SHARD.*\['wrap'\]"):
+        FSDP(net(), sharding_strategy=ShardingStrategy.NO_SHARD, wrap={Block})
+    with pytest.raises(ValueError, match="comm or process_group, not both"):
+        FSDP(net(), dist.group.WORLD, comm=dist.group.WORLD)
 
 
 def test_zero_redundancy_optimizer_with_pytorch_arguments_equals_serial():

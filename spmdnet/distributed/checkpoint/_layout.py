@@ -5,7 +5,7 @@ import numpy as np
 from ..._tensor import Tensor
 from ...backend import asnumpy
 from ...nn.parallel.distributed import DistributedDataParallel
-from ...parallel.fsdp import FullyShardedDataParallel as ShardedFSDP1
+from ..fsdp.fully_sharded_data_parallel import FullyShardedDataParallel as ShardedFSDP1
 from .. import collectives, runtime
 from ..tensor._api import DTensor, gather_like, local_piece
 

@@ -1,5 +1,5 @@
-"""``torch.distributed.fsdp``'s path: PyTorch's arguments on spmdnet's
-``FullyShardedDataParallel`` (``spmdnet.parallel.fsdp``), see
+"""``torch.distributed.fsdp``: ``FullyShardedDataParallel`` (FSDP1, one
+class: PyTorch's arguments and spmdnet's keyword-only ones), see
 ``fully_sharded_data_parallel``; the wrap policies are in ``wrap``."""
 from .api import (BackwardPrefetch, CPUOffload, FullOptimStateDictConfig,
                   FullStateDictConfig, MixedPrecision, OptimStateDictConfig,

@@ -12,8 +12,10 @@ Unit life in a training step (PyTorch's FSDP2 order):
   forward, the storage's memory is then released (the graph's saved arrays
   are views of it and stay valid) and the shards are registered again.
 - post-backward: once every parameter the unit's outputs reach in the graph
-  has its final gradient (post-accumulate-grad hooks), the gradients are
-  reduced (``_fsdp_grads``) and the storage released again. A unit with
+  has its final gradient (post-accumulate-grad hooks), the gradients'
+  reduce-scatter starts (``_fsdp_grads``: the unit's ``ParamAndGradBuffer``)
+  and the storage is released again; the end-of-backward callback completes
+  the reduction (so it overlaps the earlier units' backward). A unit with
   frozen parameters (whose operations may still need them after the
   others' gradients are final), or whose gradients came otherwise, does
   that in the end-of-backward callback instead, which also reshards a unit
@@ -29,7 +31,7 @@ from ...autograd import Function
 from ...nn.parameter import Parameter
 from ..tensor._api import gather_dim
 from ..tensor._placements import chunk_bounds
-from ._fsdp_grads import GradReducer
+from ._fsdp_grads import IN_FLIGHT, unit_buffer
 from ._fsdp_storage import UnshardedStorage, on_device
 
 
@@ -86,8 +88,10 @@ class FSDPState:
         self.module, self.entries, self.mp, self.device = module, entries, mp_policy, device
         self.shard_comm, self.kept_comm = shard_comm, kept_comm
         self.reshard_after_forward = reshard_after_forward
-        self.reducer = GradReducer(shard_comm, replicate_comm,
-                                   mp_policy.reduce_dtype or mp_policy.param_dtype)
+        self.replicate_comm = replicate_comm
+        self.reduce_dtype = mp_policy.reduce_dtype if mp_policy.reduce_dtype is not None \
+            else mp_policy.param_dtype
+        self.buffer = self.targets = self.replicate = None  # the gradients' (see _build)
         self.storage = None
         self.filled = False  # the storage holds the gathered parameters
         self.sync, self.root = True, False
@@ -106,6 +110,16 @@ class FSDPState:
             e.full = Parameter(view, requires_grad=e.shard.requires_grad)
             if e.full.requires_grad:
                 e.full.register_post_accumulate_grad_hook(self._grad_ready)
+        trainable = [e for e in self.entries if e.full.requires_grad]
+        if trainable:
+            self.buffer, self.targets, self.replicate = unit_buffer(
+                trainable, [self._name(e) for e in trainable], self.shard_comm,
+                self.replicate_comm, self.reduce_dtype)
+
+    def _name(self, entry):
+        paths = {id(m): path for path, m in self.module.named_modules()}
+        owner, name = entry.slots[0]
+        return f"{paths.get(id(owner), type(owner).__name__)}.{name}".lstrip(".")
 
     def _gather(self, e):
         length = e.shard.global_shape[e.dim]
@@ -206,9 +220,7 @@ class FSDPState:
 
     def _grad_ready(self, full):
         if not self.filled:
-            paths = {id(m): path for path, m in self.module.named_modules()}
-            name = next(f"{paths.get(id(o), type(o).__name__)}.{n}".lstrip(".")
-                        for e in self.entries if e.full is full for o, n in e.slots[:1])
+            name = next(self._name(e) for e in self.entries if e.full is full)
             raise RuntimeError(
                 f"fully_shard({type(self.module).__name__}): the gradient of {name} was "
                 "computed while the unit was resharded (its storage released), so backward "
@@ -217,18 +229,38 @@ class FSDPState:
                 "forward, or use reshard_after_forward=False for this module")
         self.arrived.add(id(full))
         self._queue()
+        IN_FLIGHT.poll()
         if self.eager and self.filled and self.expected and self.expected <= self.arrived:
             self.post_backward()
 
     def post_backward(self):
+        """The unit's gradients are final: their reduce-scatter starts (without
+        gradient sync they are kept, unreduced, in the buffer's storage, and
+        later ones add to them); the storage is released."""
         self.expected, self.arrived = set(), set()
-        if self.sync:
-            self.reducer.reduce(self.entries)
+        if self.buffer is not None:
+            # a second post-backward in one backward (a unit run twice): the
+            # first reduction lands before the new gradients are collected
+            IN_FLIGHT.finish_through(self.buffer)
+            got = {id(e.full) for e in self.entries
+                   if e.full is not None and e.full.grad is not None}
+            for target in self.targets.values():
+                target.pending |= got
+            due = any(t.pending for t in self.targets.values())
+            if self.sync and due:
+                self.buffer.start(self.buffer.buckets)
+                IN_FLIGHT.started(self.buffer)
+            elif got:
+                self.buffer.collect(self.buffer.buckets)
         self.reshard()
 
     def _final(self):
+        """End of backward: a unit left gathered gets its post-backward, and
+        the reduction started in this backward completes."""
         self.queued = False
         grads = any(e.full is not None and e.full.grad is not None for e in self.entries)
         if self.filled or (self.sync and grads):
             self.post_backward()
         self.expected, self.arrived = set(), set()
+        if self.buffer is not None:
+            IN_FLIGHT.finish_through(self.buffer)

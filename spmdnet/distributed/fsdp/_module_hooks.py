@@ -8,7 +8,7 @@ own ``forward``, with every hook the user registered); a forward hook, first
 among the module's and called even when forward raises, frees the
 parameters (the output copied first when it is a view of them), restores the
 grad mode and, in a training forward, returns the output as the result of
-one ``units.UnitRun`` over the unit's shards and inputs, whose backward
+one ``_units.UnitRun`` over the unit's shards and inputs, whose backward
 recomputes the unit. Under ``no_grad`` the unit simply runs gathered.
 
 The wrapped model's state (``state_hooks``): ``model.state_dict()`` gathers
@@ -19,7 +19,7 @@ parameters and keeps this rank's shards.
 from ..._tensor import Tensor
 from ... import random as sn_random
 from ...autograd import is_grad_enabled, no_grad
-from .units import UnitRun
+from ._units import UnitRun
 
 
 def unit_hooks(owner, unit):

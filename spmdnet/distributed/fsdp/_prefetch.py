@@ -7,7 +7,12 @@ A step gathers the flat shards in an order that repeats from step to step
 reverse). The ``Prefetcher`` records each phase's order; in the next step,
 while the gathers follow the recorded order, gathering flat k starts the
 non-blocking all-gather (``Iallgather``) of flat k+1, so it travels while
-unit k computes. Every started request is completed: by the gather that
+unit k computes (mode "pre": ``forward_prefetch=True`` in forward,
+``BackwardPrefetch.BACKWARD_PRE`` in backward). Mode "post"
+(``BACKWARD_POST``) starts it only once unit k's backward is done and its
+full parameters are freed (``released``): less overlap, one unit's full
+parameters fewer at the peak. A phase without a mode gathers when a unit
+needs its parameters (blocking). Every started request is completed: by the gather that
 uses it, or when the phase ends (a wrong guess costs one unused gather and
 keeps the collectives matched, since every rank guesses alike). Shards do
 not change inside a phase, so a prefetched copy is never stale.
@@ -24,12 +29,17 @@ communication: the wait of non-blocking gathers, and the whole of blocking
 ones).
 """
 from ...backend import is_cupy_array
-from ...distributed.bucket_collectives import BucketComm
+from ..bucket_collectives import BucketComm
 
 
 class Prefetcher:
-    def __init__(self, comm, enabled):
-        self.bc, self.enabled = BucketComm(comm, "nonblocking"), enabled and comm.Get_size() > 1
+    def __init__(self, comm, forward, backward):
+        """``forward``: prefetch in forward (bool); ``backward``: "pre", "post"
+        or None (PyTorch's ``BackwardPrefetch``)."""
+        self.bc = BucketComm(comm, "nonblocking")
+        many = comm.Get_size() > 1  # one rank: a gather is a copy
+        self.modes = {"forward": "pre" if forward and many else None,
+                      "backward": backward if many else None}
         self.last = {}  # phase -> [flat] gathered in that phase last time
         self.phase, self.seen, self.pending = None, [], {}
         self.hits, self.wait_s = 0, 0.0
@@ -39,7 +49,7 @@ class Prefetcher:
         self.end()
         self.phase = phase
         order = self.last.get(phase, ())
-        if self.enabled and order and not is_cupy_array(order[0].shard.array):
+        if self.modes[phase] and order and not is_cupy_array(order[0].shard.array):
             self._start(order[0])
 
     def end(self):
@@ -61,11 +71,23 @@ class Prefetcher:
         if self.phase is None:
             return full
         self.seen.append(flat)
+        if self.modes[self.phase] == "pre":
+            self._ahead()
+        return full
+
+    def released(self):
+        """A unit's backward is done and its parameters freed: in mode "post"
+        the next recorded gather starts."""
+        if self.phase is not None and self.modes[self.phase] == "post":
+            self._ahead()
+
+    def _ahead(self):
+        """Start the gather that follows the last one seen, while this phase
+        follows its recorded order."""
         order, i = self.last.get(self.phase, ()), len(self.seen)
-        if (self.enabled and i < len(order) and order[i - 1] is flat
+        if (0 < i < len(order) and order[i - 1] is self.seen[-1]
                 and order[i] not in self.pending and not is_cupy_array(order[i].shard.array)):
             self._start(order[i])
-        return full
 
     def poke(self):
         self.bc.progress(work for work, _ in self.pending.values())

@@ -113,6 +113,7 @@ class UnitRun(Function):
                 b.array[...] = saved
         owner.unit_done(unit)
         unit.free()
+        owner.unit_freed(unit)
         owner.poke()
         xgrads = tuple(None if x.grad is None else x.grad.array for x in xs)
         return (None,) * n + xgrads + _zeros_like(xp_of(g), self.links)

@@ -51,6 +51,8 @@ has the model's keys); ``auto_wrap_policy`` (``wrap.py``) picks the units;
 (``_state_dict_utils``). Rank 0's parameters and buffers are always
 broadcast (``sync_module_states=True``'s behaviour, whatever its value).
 """
+import inspect
+
 from ... import distributed as dist
 from ..._owned_storage import release
 from ..._tensor import Tensor
@@ -61,8 +63,8 @@ from ...parallel._common.norm import clip_arrays_
 from ...parallel._common.reductions import ParamShardTarget, ReduceScatter
 from ...parallel._common.wrapping import NoSync, nonfinite_mode, wrapping
 from ._flat_param import Pool, optimizer_groups, split_flats
-from ._init_utils import (check_unbuilt, comm_of, prefetch_modes, reshard_of, strategy_of,
-                          unit_policy)
+from ._init_utils import (UNBUILT, check_unbuilt, comm_of, prefetch_modes, reshard_of,
+                          strategy_of, unit_policy)
 from ._module_hooks import run_unit, state_hooks, unit_hooks
 from ._prefetch import Prefetcher
 from ._state_dict_utils import ShardedState, Unsharded
@@ -71,47 +73,94 @@ from .api import BackwardPrefetch, ShardingStrategy
 from .wrap import owners
 
 
-class FullyShardedDataParallel(NoSync, Module):
-    """Fully sharded data parallelism over ``comm`` (default: the world).
+class FullyShardedDataParallel(NoSync, ShardedState, Module):
+    """Fully sharded data parallelism over ``process_group`` (default: the world).
 
-    ``wrap``: module classes (or a predicate on modules) whose instances are
-    their own shard units. ``reshard_after_forward=False`` keeps every unit's
+    PyTorch's arguments, positional as in PyTorch (the module docstring;
+    NotImplementedError: ``cpu_offload`` with ``offload_params=True``,
+    ``mixed_precision``, ``ignored_modules``/``ignored_states``,
+    ``param_init_fn``, ``device_mesh``, HYBRID strategies). Accepted as
+    spmdnet's behaviour: ``device_id`` (the rank's device is bound by
+    ``dist.init``), ``sync_module_states`` (rank 0's state is always
+    broadcast), ``limit_all_gathers`` (at most one gather is ever prefetched),
+    ``use_orig_params`` (``parameters()`` are the flat shards either way).
+
+    spmdnet's, keyword-only: ``comm`` (an mpi4py communicator, instead of
+    ``process_group``). ``wrap``: module classes (or a predicate on modules)
+    whose instances are their own shard units (instead of
+    ``auto_wrap_policy``). ``reshard_after_forward=False`` keeps every unit's
     full parameters from its forward to the end of backward (no
-    recomputation, more memory). ``prefetch``: start the next unit's
-    all-gather while this one computes (``prefetch``). ``overlap``:
-    reduce-scatter each unit's gradient non-blocking as soon as its backward
-    is done, overlapped with the earlier units' backward (False: blocking,
-    for comparison). ``buffer``: the ``ParamAndGradBuffer`` of the
-    gradients (``buffer.wait_s``: seconds waited for them). ``nonfinite``:
-    as DataParallel's ("ignore"/None, "raise" or "skip"), local gradients
-    checked before their reduce-scatter, the decision agreed by all ranks.
-    ``param_groups``: ``fn(name, p)`` returning a dict of optimizer options
-    for an original parameter (``p`` shows its ``shape``, ``ndim``,
-    ``dim()``, ``dtype``), e.g. ``{"weight_decay": 0.0}`` for biases and
-    LayerNorm weights, ``{}`` for the defaults; each unit then holds one flat
-    shard per distinct options dict, and ``fsdp.param_groups()`` returns
-    ``[{"params": shards, **options}, ...]`` for the optimizer.
+    recomputation, more memory; SHARD_GRAD_OP). ``prefetch``: True or False
+    sets both ``forward_prefetch`` and ``backward_prefetch`` (BACKWARD_PRE or
+    None). ``overlap``: reduce-scatter each unit's gradient non-blocking as
+    soon as its backward is done, overlapped with the earlier units' backward
+    (False: blocking, for comparison). ``buffer``: the ``ParamAndGradBuffer``
+    of the gradients (``buffer.wait_s``: seconds waited for them).
+    ``nonfinite``: as DataParallel's ("ignore"/None, "raise" or "skip"),
+    local gradients checked before their reduce-scatter, the decision agreed
+    by all ranks. ``param_groups``: ``fn(name, p)`` returning a dict of
+    optimizer options for an original parameter (``p`` shows its ``shape``,
+    ``ndim``, ``dim()``, ``dtype``), e.g. ``{"weight_decay": 0.0}`` for
+    biases and LayerNorm weights, ``{}`` for the defaults; each unit then
+    holds one flat shard per distinct options dict, and
+    ``fsdp.param_groups()`` returns ``[{"params": shards, **options}, ...]``
+    for the optimizer.
     """
 
-    def __init__(self, module, comm=None, wrap=None, reshard_after_forward=True, prefetch=True,
-                 nonfinite="ignore", overlap=True, param_groups=None):
+    def __new__(cls, module=None, process_group=None, sharding_strategy=None, *args, **kwargs):
+        if strategy_of(sharding_strategy) is not ShardingStrategy.NO_SHARD:
+            return super().__new__(cls)
+        given = inspect.signature(cls.__init__).bind(
+            None, module, process_group, sharding_strategy, *args, **kwargs).arguments
+        check_unbuilt(process_group, **{k: given.get(k) for k in UNBUILT})
+        extras = [k for k in ("wrap", "reshard_after_forward", "param_groups", "prefetch",
+                              "overlap") if given.get(k) is not None and k in kwargs]
+        if extras:
+            raise ValueError(f"FullyShardedDataParallel(sharding_strategy=NO_SHARD) is data "
+                             f"parallelism: {extras} do not apply")
+        ddp = object.__new__(Unsharded)
+        ddp.__init__(module, comm=comm_of(process_group, given.get("comm")),
+                     nonfinite=given.get("nonfinite", "ignore"))
+        return ddp
+
+    def __init__(self, module, process_group=None, sharding_strategy=None, cpu_offload=None,
+                 auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+                 mixed_precision=None, ignored_modules=None, param_init_fn=None,
+                 device_id=None, sync_module_states=False, forward_prefetch=False,
+                 limit_all_gathers=True, use_orig_params=False, ignored_states=None,
+                 device_mesh=None, *, comm=None, wrap=None, reshard_after_forward=None,
+                 prefetch=None, nonfinite="ignore", overlap=True, param_groups=None):
+        check_unbuilt(process_group, cpu_offload=cpu_offload, mixed_precision=mixed_precision,
+                      ignored_modules=ignored_modules, param_init_fn=param_init_fn,
+                      ignored_states=ignored_states, device_mesh=device_mesh)
+        strategy = strategy_of(sharding_strategy)
+        reshard_after_forward = reshard_of(strategy, reshard_after_forward)
+        forward_prefetch, backward_prefetch = prefetch_modes(forward_prefetch,
+                                                             backward_prefetch, prefetch)
+        comm = comm_of(process_group, comm)
         super().__init__()
+        self.sharding_strategy = (ShardingStrategy.FULL_SHARD if reshard_after_forward
+                                  else ShardingStrategy.SHARD_GRAD_OP)
+        self.device_id, self.use_orig_params = device_id, use_orig_params
+        self.sync_module_states, self.limit_all_gathers = sync_module_states, limit_all_gathers
         self._group_fn = param_groups
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         _, base, _ = wrapping(module, comm)
         object.__setattr__(self, "module", module)  # not a submodule: its parameters are not ours
         self.comm = dist.dup(base)
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
-        self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
+        self.reshard_after_forward = reshard_after_forward
         for p in module.parameters():  # frozen ones too: they stay full on every rank
             dist.bcast(p.array, root=0, comm=self.comm)
         for _, b in module.named_buffers():
             dist.bcast(b.array, root=0, comm=self.comm)
         self.units, self._module_hooks = [], []
         self._finish_scheduled = self._open_forward = False
-        self._chaining, self._last_unit_out = False, None  # see units.ChainEnd
-        self.prefetcher, self.pool = Prefetcher(self.comm, prefetch), Pool()
-        for uname, (mod, params) in owners(module, policy(wrap)).items():
+        self._chaining, self._last_unit_out = False, None  # see _units.ChainEnd
+        self.prefetcher = Prefetcher(self.comm, forward_prefetch, backward_prefetch)
+        self.pool = Pool()
+        units = owners(module, unit_policy(module, auto_wrap_policy, wrap))
+        for uname, (mod, params) in units.items():
             flats = split_flats(params, self._group_fn, self.comm, source=self.prefetcher,
                                 pool=self.pool)
             if uname and not flats:
@@ -221,6 +270,11 @@ class FullyShardedDataParallel(NoSync, Module):
             self.buffer.start(self._buckets(unit))
         else:
             self.buffer.collect(self._buckets(unit))
+
+    def unit_freed(self, unit):
+        """A wrapped unit's backward is done and its full parameters freed:
+        with BACKWARD_POST the next unit's gather starts now."""
+        self.prefetcher.released()
 
     def _schedule_finish(self):
         if not self._finish_scheduled:

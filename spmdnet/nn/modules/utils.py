@@ -4,17 +4,18 @@ name holds its layers' small helpers likewise)."""
 import numpy as np
 
 from ..._args import resolve_device
-from ..._device import meta_array
+from ..._device import builds_on_meta, meta_array
 from ..._tensor import get_default_dtype
 
 
 def _empty(shape, dtype=None, device=None):
     """A host array for a parameter, filled by ``reset_parameters``; for
-    ``device="meta"`` a shape-only one, so the constructor's init draws
-    nothing (PyTorch's ``nn.Linear(..., device="meta")``)."""
+    ``device="meta"`` (or under ``with device("meta")``) a shape-only one, so
+    the constructor's init draws nothing (PyTorch's ``nn.Linear(..., device="meta")``)."""
     dtype = np.dtype(dtype or get_default_dtype())
-    if device is not None and resolve_device(device, use_default=False) == "meta":
-        return meta_array(shape, dtype)
+    if builds_on_meta() if device is None else \
+            resolve_device(device, use_default=False) == "meta":
+        return meta_array(shape, dtype)  # never np.empty of the data's size
     return np.empty(shape, dtype)
 
 

@@ -17,6 +17,10 @@ that backward wrote into its home is there already; any other is copied, or
 added when the storage carries gradients of earlier backward passes
 (``no_sync``: the storage is kept, and later gradients take the default
 placement and are added here).
+
+A layout without views (``flat.ChunkLayout``: each parameter cut into
+pieces, one per shard) has no ``views``/``homes``: ``collect`` copies (or
+adds) each gradient into its pieces, and gradients never land in place.
 """
 from ..._tensor import Tensor
 
@@ -27,7 +31,8 @@ class Bucket:
 
     def __init__(self, index, key, params, layout, slots, whole=False):
         self.index, self.key, self.params, self.layout = index, key, params, layout
-        self.dtype = params[0].array.dtype
+        self.slots = list(slots)
+        self.dtype = params[0].array.dtype if layout.dtype is None else layout.dtype
         self.shapes = [layout.shapes[i] for i in slots]
         offsets = [layout.offsets[i] for i in slots]
         if whole:
@@ -49,6 +54,8 @@ class Bucket:
     def attach(self, buffer):
         """Make ``buffer`` (its flat range) this bucket's storage."""
         self.buffer = buffer
+        if not self.layout.viewable:
+            return
         self.views = [buffer[a:a + n].reshape(shape)
                       for (a, n), shape in zip(self._at, self.shapes)]
         self.homes = [Tensor(v) for v in self.views]
@@ -69,6 +76,10 @@ class Bucket:
                 continue
             if self.buffer is None:
                 self.attach(make_storage())
+            if self.views is None:
+                self.layout.put(self.buffer, self.slots[i], g.array, add=self.carried)
+                p.grad = None
+                continue
             home, view = self.homes[i], self.views[i]
             if g is not home or home.array is not view:
                 if self.carried:

@@ -5,7 +5,10 @@ collective it starts and how the result lands (the mean over the ranks).
 - ``ReduceScatter`` (ZeRO-2, FSDP): rank r gets the mean of the part of the
   bucket inside its shard r of the bucket's padded layout, into (or added
   to) that layout's gradient shard (a ``ShardTarget``: ZeRO's one gradient
-  shard array, or ``ParamShardTarget``: an FSDP shard Parameter's ``.grad``).
+  shard array, ``ParamShardTarget``: an FSDP shard Parameter's ``.grad``,
+  or the caller's own target: ``fully_shard``'s per-parameter pieces).
+  ``then_allreduce`` (HSDP): a second stage, the received part summed over
+  another group of ranks (``size`` then counts the ranks of both).
 A reduction is the buffer's comm hook: ``start(bc, bucket)`` returns the
 started ``bucket_collectives.Work``; ``land(bucket)`` runs once it is done;
 ``finished()`` after each backward.
@@ -51,6 +54,9 @@ class ShardTarget:
     def receive_into(self):
         return self.array
 
+    def add(self, at, piece):
+        self.array[at:at + piece.size] += piece
+
     def delivered(self):
         pass
 
@@ -74,6 +80,9 @@ class ParamShardTarget:
     def array(self):
         return self.param.grad.array
 
+    def add(self, at, piece):
+        self.array[at:at + piece.size] += piece
+
     def receive_into(self):
         if self._new is None:
             shard = self.param.array
@@ -92,11 +101,15 @@ class ReduceScatter:
     """Into ``shard`` (this rank's gradient shard array, covering
     ``[lo, lo + len)`` of every bucket's layout: ZeRO-2, ``fresh`` after its
     ``zero_grad``), or with ``targets`` (``{layout key: target}``, one per
-    layout group: FSDP) into the bucket's layout's target. The bucket's
-    storage is transient: a reduction to be added lands in place in it."""
+    layout group: FSDP) into the bucket's layout's target (one with
+    ``fresh``, ``lo``, ``receive_into``, ``add(at, piece)``, ``delivered``
+    and ``finished``). The bucket's storage is transient: a reduction to be
+    added lands in place in it. ``then_allreduce``: a ``BucketComm`` whose
+    ranks then sum the received part (see the module docstring)."""
 
-    def __init__(self, shard=None, lo=0, size=1, label="ZeRO-2 gradient bucket", targets=None):
-        self.size, self.label = size, label
+    def __init__(self, shard=None, lo=0, size=1, label="ZeRO-2 gradient bucket", targets=None,
+                 then_allreduce=None):
+        self.size, self.label, self.then = size, label, then_allreduce
         self._one = None if targets is not None else ShardTarget(shard, lo)
         self.targets = targets if targets is not None else {}
         self._received = {}  # bucket index -> (target, offset in the shard, length, recv)
@@ -122,10 +135,16 @@ class ReduceScatter:
         if target.fresh:  # straight into the shard
             recv = target.receive_into()[at:at + n]
             self._received[bucket.index] = (target, at, n, recv)
-            return bc.reduce_scatter(bucket.buffer, recv, counts, label)
-        # to be added: in place, at the start of the bucket's storage (freed once landed)
-        self._received[bucket.index] = (target, at, n, None)
-        return bc.reduce_scatter_in_place(bucket.buffer, counts, label)
+            work = bc.reduce_scatter(bucket.buffer, recv, counts, label)
+        else:  # to be added: in place, at the start of the bucket's storage (freed once landed)
+            recv = None
+            self._received[bucket.index] = (target, at, n, None)
+            work = bc.reduce_scatter_in_place(bucket.buffer, counts, label)
+        if self.then is None:
+            return work
+        mine = bucket.buffer[:n] if recv is None else recv
+        return work.then(lambda: self.then.all_reduce(
+            mine, f"allreduce({self.label} {bucket.index}, after its reduce-scatter)"))
 
     def land(self, bucket):
         target, at, n, recv = self._received.pop(bucket.index)
@@ -135,7 +154,7 @@ class ReduceScatter:
         if recv is not None:
             target.delivered()
         elif n:
-            target.array[at:at + n] += mine
+            target.add(at, mine)
 
     def finished(self):
         for target in [self._one] if self._one is not None else self.targets.values():
