@@ -15,6 +15,11 @@ rules, as PyTorch's meta kernels give shape-only results:
   ``unique``, boolean indexing...) raise NotImplementedError, as PyTorch's;
 - writes into a meta array (``arr[...] = v``, ``copyto``, an ufunc's
   ``out=``) do nothing, as PyTorch's meta kernels of in-place ops;
+- meta values written into a real array: inside an op run on meta tensors
+  (into a buffer its forward made) the placeholder's zeros; outside, as
+  PyTorch's CPU tensors: ``+=``, ``-=``, ``*=``, ``/=`` check shapes and
+  dtypes and change nothing, ``copyto`` raises NotImplementedError, other
+  ``out=`` RuntimeError, naming both devices and shapes;
 - reading a value out (``item``, ``float``, ``bool``, ``tolist``) raises
   NotImplementedError, except inside an op run on meta tensors
   (``reading_placeholders``, autograd/meta.py), where argument checks that

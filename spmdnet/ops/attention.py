@@ -157,8 +157,11 @@ class ScaledDotProductAttention(Function):
         shape = self.q.shape[:2] + self.k.shape[1:2]
         if self.keep is not None:
             bits = np.unpackbits(self.keep[:, rows.start:rows.stop], axis=-1, count=shape[2])
-            # PyTorch's noise.div_(1 - p): the divisor rounded to the dtype first
-            return bits.astype(self.q.dtype) / self.q.dtype.type(1.0 - self.dropout_p)
+            # PyTorch's noise.div_(1 - p), the divisor rounded to the dtype first: each
+            # kept factor is exactly 1 / divisor in the dtype, so one multiply pass
+            one = self.q.dtype.type(1.0)
+            return np.multiply(bits, one / self.q.dtype.type(1.0 - self.dropout_p),
+                               dtype=self.q.dtype)
         if self.dropout_p >= 1:  # PyTorch: all dropped, nothing drawn
             return xp.zeros((shape[0], len(rows), shape[2]), self.q.dtype)
         keep = dropout_keep(xp, shape, rows, self.seed, self.dropout_p)

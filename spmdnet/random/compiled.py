@@ -130,15 +130,6 @@ def fisher_yates(perm, draws):
 
 
 @_compiled
-def join64(raw):
-    """64-bit draws from pairs of 32-bit ones (held in uint64), the first high."""
-    out = np.empty(raw.size // 2, np.uint64)
-    for i in range(out.size):
-        out[i] = (raw[2 * i] << np.uint64(32)) | raw[2 * i + 1]
-    return out
-
-
-@_compiled
 def uniform_float64(draws64):
     """[0, 1) from the low 53 bits of 64-bit draws."""
     out = np.empty(draws64.size, np.float64)

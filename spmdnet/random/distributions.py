@@ -119,8 +119,14 @@ def randperm(g, n):
 
 
 def bernoulli_scalar(g, shape, p, dtype):
-    """``bernoulli_(p)`` with a number ``p``: ``u < p``, u a float64 uniform."""
-    return (g.uniform01(_size(shape), np.float64) < float(p)).reshape(shape).astype(dtype)
+    """``bernoulli_(p)`` with a number ``p``: ``u < p``, u a float64 uniform.
+    As u = m·2^-53 (m the draw's low 53 bits) exactly, for 0 <= p <= 1 that
+    is m < ceil(p·2^53): one integer compare, no uniforms made."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # NaN too: the float compare
+        return (g.uniform01(_size(shape), np.float64) < p).reshape(shape).astype(dtype)
+    low53 = g.random64(_size(shape)) & np.uint64(2**53 - 1)
+    return (low53 < np.uint64(math.ceil(math.ldexp(p, 53)))).reshape(shape).astype(dtype)
 
 
 def bernoulli_tensor(g, p, dtype):

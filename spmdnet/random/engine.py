@@ -19,6 +19,7 @@ from . import compiled
 DEFAULT_SEED = 67280421310721  # PyTorch's default initial seed
 STATE_BYTES = 5056
 _N = 624
+_MAX64 = 2**64 - 1
 _MASK32 = 0xFFFFFFFF
 # offsets in PyTorch's state bytes
 _SEED, _LEFT, _SEEDED, _NEXT, _WORDS = 0, 8, 12, 16, 24
@@ -49,6 +50,9 @@ class Generator:
                              f"device={device!r} (GPU draws come from CuPy's generator)")
         self.device = "cpu"
         self._bits = np.random.MT19937()
+        # NumPy's full-range uint64 integers: each MT19937 next_uint64, two
+        # 32-bit draws with the first high, PyTorch's random64, in C
+        self._wide = np.random.Generator(self._bits)
         self.manual_seed(DEFAULT_SEED)
 
     def __repr__(self):
@@ -87,7 +91,9 @@ class Generator:
 
     def random64(self, n):
         """``n`` 64-bit draws, each from two 32-bit ones (the first high)."""
-        return compiled.join64(self.random32(2 * int(n)))
+        n = int(n)
+        self._fresh = self._fresh and not n
+        return self._wide.integers(0, _MAX64, size=n, dtype=np.uint64, endpoint=True)
 
     def uniform01(self, n, dtype):
         """``n`` uniforms on [0, 1): float32 from 24 bits of one 32-bit draw,

@@ -20,41 +20,19 @@ from spmdnet.distributed.tensor import DTensor, Replicate, Shard, distribute_ten
 from spmdnet.distributed.tensor import _api as dtensor_api
 from spmdnet.nn.parallel import DistributedDataParallel
 
+from . import fully_shard_cases as C
+
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, D, H, OUT, B = 4, 5, 7, 3, 2  # widths; B rows of the batch per rank
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(D)
-        self.up = nn.Linear(D, H)
-        self.down = nn.Linear(H, D)
-
-    def forward(self, x):
-        return x + self.down(torch.tanh(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(IN, D)
-        self.blocks = nn.ModuleList([Block(), Block()])
-        self.head = nn.Linear(D, OUT)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+def _net():
+    return C.Net(IN, D, OUT, [C.Block(D, H), C.Block(D, H)])
 
 
 def _models(seed=0):
     """(a model to shard, the same model kept serial)."""
-    torch.manual_seed(seed)
-    model, serial = Net(), Net()
-    serial.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
-    return model, serial
+    return C.models(_net, seed, shard=False)
 
 
 def _shard(model, **kwargs):
@@ -64,43 +42,20 @@ def _shard(model, **kwargs):
 
 
 def _batch(step):
-    """The global batch of a step and this rank's rows of it."""
-    rng = np.random.default_rng(100 + step)
-    size, rank = dist.get_world_size(), dist.get_rank()
-    x, y = rng.standard_normal((size * B, IN)), rng.standard_normal((size * B, OUT))
-    mine = slice(rank * B, (rank + 1) * B)
-    return torch.tensor(x), torch.tensor(y), torch.tensor(x[mine]), torch.tensor(y[mine])
+    return C.batch(step, IN, OUT, B)
 
 
-def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
+def _train(model, serial, steps):
+    return C.train(model, serial, steps, _batch)
 
 
-def _assert_same_params(model, serial, atol=1e-12):
-    named = dict(serial.named_parameters())
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(p.full_tensor().array, named[name].array, rtol=0, atol=atol,
-                                   err_msg=name)
-
-
-def _train(model, serial, steps, lr=0.05):
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    ref = torch.optim.AdamW(serial.parameters(), lr=lr)
-    for step in range(steps):
-        gx, gy, x, y = _batch(step)
-        opt.zero_grad()
-        _loss(model, x, y).backward()
-        opt.step()
-        ref.zero_grad()
-        _loss(serial, gx, gy).backward()
-        ref.step()
-    return opt, ref
+_loss, _assert_same_params = C.loss, C.assert_same_params
 
 
 def test_training_matches_serial_on_the_global_batch():
     model, serial = _models()
     _shard(model)
-    assert isinstance(model, FSDPModule) and isinstance(model, Net)
+    assert isinstance(model, FSDPModule) and isinstance(model, C.Net)
     assert type(model).__name__ == "FSDPNet" and type(model.blocks[0]).__name__ == "FSDPBlock"
     size, rank = dist.get_world_size(), dist.get_rank()
     for name, p in model.named_parameters():
@@ -135,7 +90,7 @@ class Tied(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embed, self.block = nn.Linear(IN, D), Block()
+        self.embed, self.block = nn.Linear(IN, D), C.Block(D, H)
         self.head, self.proj = nn.Linear(D, OUT), nn.Linear(D, OUT)
         self.proj.weight = self.head.weight
 
@@ -281,7 +236,7 @@ def test_mixed_precision_computes_in_param_dtype_and_keeps_float64_shards():
     out = model(x)
     assert out.dtype == torch.float32
     ((out - y) ** 2).mean().backward()
-    serial32 = Net()
+    serial32 = _net()
     serial32.load_state_dict({k: v.to(torch.float32) for k, v in serial.state_dict().items()})
     serial32 = serial32.float()
     _loss(serial32, gx.to(torch.float32), gy.to(torch.float32)).backward()
@@ -298,13 +253,13 @@ def test_refused_options_raise():
     with pytest.raises(TypeError, match="param_dtype"):
         MixedPrecisionPolicy(param_dtype=np.int32)
     with pytest.raises(TypeError, match="offload_policy"):
-        fully_shard(Net(), offload_policy=CPUOffloadPolicy)
+        fully_shard(_net(), offload_policy=CPUOffloadPolicy)
     with pytest.raises(ValueError, match="3-D mesh"):
-        fully_shard(Net(), mesh=init_device_mesh("cpu", (1, 1, dist.get_world_size())))
+        fully_shard(_net(), mesh=init_device_mesh("cpu", (1, 1, dist.get_world_size())))
     with pytest.raises(ValueError, match="should be a factor of"):
-        fully_shard(Net(), reshard_after_forward=dist.get_world_size() + 1)
+        fully_shard(_net(), reshard_after_forward=dist.get_world_size() + 1)
     with pytest.raises(NotImplementedError, match="flatten_optimizer_state_dict"):
-        get_optimizer_state_dict(Net(), [], options=StateDictOptions(
+        get_optimizer_state_dict(_net(), [], options=StateDictOptions(
             flatten_optimizer_state_dict=True))
 
 

@@ -17,62 +17,40 @@ from spmdnet.distributed.fsdp import MixedPrecisionPolicy, _fsdp_state, fully_sh
 from spmdnet.distributed.tensor import Shard
 from spmdnet.parallel._common.flat import ChunkLayout
 
+from . import fully_shard_cases as C
+
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, D, H, OUT, B = 4, 5, 7, 3, 2
 
 
-class Mixed(nn.Module):
-    """A float64 layer, a float32 layer and a parameter no loss reaches."""
+class Block(nn.Module):
+    """Two layers (the second float32 when ``mixed``) and a parameter no loss reaches."""
 
-    def __init__(self):
+    def __init__(self, mixed):
         super().__init__()
         self.a = nn.Linear(D, H)
-        self.b = nn.Linear(H, D).float()
+        self.b = nn.Linear(H, D).to(torch.float32 if mixed else torch.float64)
         self.unused = nn.Parameter(torch.ones(3, 2))
 
     def forward(self, x):
-        return x + self.b(torch.tanh(self.a(x)).float()).double()
+        h = torch.tanh(self.a(x))
+        return x + self.b(h.to(self.b.weight.dtype)).to(x.dtype)
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(IN, D)
-        self.blocks = nn.ModuleList([Mixed(), Mixed()])
-        self.head = nn.Linear(D, OUT)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-def _models(**kwargs):
-    torch.manual_seed(0)
-    model, serial = Net(), Net()
-    serial.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    return model, serial
+def _models(mixed=False, **kwargs):
+    return C.models(lambda: C.Net(IN, D, OUT, [Block(mixed), Block(mixed)]), **kwargs)
 
 
 def _batch(step):
-    rng = np.random.default_rng(7 + step)
-    size, rank = dist.get_world_size(), dist.get_rank()
-    x, y = rng.standard_normal((size * B, IN)), rng.standard_normal((size * B, OUT))
-    mine = slice(rank * B, (rank + 1) * B)
-    return torch.tensor(x), torch.tensor(y), torch.tensor(x[mine]), torch.tensor(y[mine])
+    return C.batch(step, IN, OUT, B, seed=7)
 
 
-def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
+_loss = C.loss
 
 
-def _check_pieces(model, serial):
+def _check_pieces(model, serial, mixed=False):
     """Each rank's shard ``.grad`` is exactly its torch.chunk piece of the
-    serial gradient (float64 to 1e-12; float32 to its rounding)."""
+    serial gradient (to 1e-12; to float32's rounding in a ``mixed`` model)."""
     named = dict(serial.named_parameters())
     for name, p in model.named_parameters():
         mesh, ref = p.device_mesh, named[name].grad
@@ -84,23 +62,23 @@ def _check_pieces(model, serial):
         piece = np.array_split(ref.array, [-(-ref.shape[dim] // size) * r
                                            for r in range(1, size)], axis=dim)[rank]
         assert p.grad.dtype == p.dtype and p.grad.shape == p.to_local().shape, name
-        exact = p.dtype == torch.float64
-        tol = {"rtol": 0, "atol": 1e-12} if exact else {"rtol": 1e-5, "atol": 1e-6}
+        tol = {"rtol": 1e-5, "atol": 1e-7} if mixed else {"rtol": 0, "atol": 1e-12}
         np.testing.assert_allclose(p.grad.array, piece, err_msg=name, **tol)
 
 
+@pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("dim", [0, 1])
-def test_each_rank_gets_its_chunk_of_every_gradient_and_accumulates(dim):
-    model, serial = _models(shard_placement_fn=lambda p: Shard(min(dim, p.ndim - 1)))
+def test_each_rank_gets_its_chunk_of_every_gradient_and_accumulates(dim, mixed):
+    model, serial = _models(mixed, shard_placement_fn=lambda p: Shard(min(dim, p.ndim - 1)))
     for step in range(2):  # no zero_grad: the second backward adds to .grad
         gx, gy, x, y = _batch(step)
         _loss(model, x, y).backward()
         _loss(serial, gx, gy).backward()
-        _check_pieces(model, serial)
+        _check_pieces(model, serial, mixed)
 
 
 def test_reduce_scatters_start_at_post_backward_and_complete_at_backward_end(monkeypatch):
-    model, serial = _models()
+    model, serial = _models(mixed=True)
     events = []
     for method in ("reduce_scatter", "reduce_scatter_in_place"):
         real = getattr(BucketComm, method)
@@ -124,7 +102,7 @@ def test_reduce_scatters_start_at_post_backward_and_complete_at_backward_end(mon
     assert starts[0] < max(i for i, e in enumerate(events) if e == "gather")
     assert max(starts) < min(i for i, e in enumerate(events) if e == "wait")
     _loss(serial, gx, gy).backward()
-    _check_pieces(model, serial)
+    _check_pieces(model, serial, mixed=True)
 
 
 @pytest.mark.parametrize("reduce_dtype", [None, torch.float64])

@@ -14,6 +14,8 @@ from spmdnet.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from spmdnet.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from spmdnet.distributed.tensor import _api as dtensor_api
 
+from . import fully_shard_cases as C
+
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, D, H, OUT, B = 4, 5, 7, 3, 2
 
@@ -34,43 +36,18 @@ class Net(nn.Module):
 
 
 def _models(seed=0, **kwargs):
-    torch.manual_seed(seed)
-    model, serial = Net(), Net()
-    serial.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    return model, serial
+    return C.models(Net, seed, **kwargs)
 
 
 def _batch(step):
-    rng = np.random.default_rng(100 + step)
-    size, rank = dist.get_world_size(), dist.get_rank()
-    x, y = rng.standard_normal((size * B, IN)), rng.standard_normal((size * B, OUT))
-    mine = slice(rank * B, (rank + 1) * B)
-    return torch.tensor(x), torch.tensor(y), torch.tensor(x[mine]), torch.tensor(y[mine])
-
-
-def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
-
-
-def _assert_same(model, serial, atol=1e-12):
-    named = dict(serial.named_parameters())
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(p.full_tensor().array, named[name].array, rtol=0, atol=atol,
-                                   err_msg=name)
+    return C.batch(step, IN, OUT, B)
 
 
 def _train(model, serial, steps=3):
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
-    ref = torch.optim.AdamW(serial.parameters(), lr=0.05)
-    for step in range(steps):
-        gx, gy, x, y = _batch(step)
-        for m, o, xx, yy in ((model, opt, x, y), (serial, ref, gx, gy)):
-            o.zero_grad()
-            _loss(m, xx, yy).backward()
-            o.step()
+    C.train(model, serial, steps, _batch)
+
+
+_loss, _assert_same = C.loss, C.assert_same_params
 
 
 def _hsdp_mesh(replicate):

@@ -21,57 +21,24 @@ from spmdnet.distributed.fsdp._fsdp_storage import UnshardedStorage
 from spmdnet.distributed.tensor import DTensor
 from spmdnet.distributed.tensor import _api as dtensor_api
 
+from . import fully_shard_cases as C
+
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("world_float64")]
 IN, D, H, OUT, B, BLOCKS = 8, 48, 96, 3, 2, 3  # a Linear(D, H) weight spans 9 pages
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="mincore and MADV_DONTNEED as Linux has them")
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(D)
-        self.up = nn.Linear(D, H)
-        self.down = nn.Linear(H, D)
-
-    def forward(self, x):
-        return x + self.down(torch.tanh(self.up(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(IN, D)
-        self.blocks = nn.ModuleList([Block() for _ in range(BLOCKS)])
-        self.head = nn.Linear(D, OUT)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 def _models(**kwargs):
-    torch.manual_seed(0)
-    model, serial = Net(), Net()
-    serial.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    return model, serial
+    return C.models(lambda: C.Net(IN, D, OUT, [C.Block(D, H) for _ in range(BLOCKS)]),
+                    **kwargs)
 
 
 def _batch(step):
-    rng = np.random.default_rng(100 + step)
-    size, rank = dist.get_world_size(), dist.get_rank()
-    x, y = rng.standard_normal((size * B, IN)), rng.standard_normal((size * B, OUT))
-    mine = slice(rank * B, (rank + 1) * B)
-    return torch.tensor(x), torch.tensor(y), torch.tensor(x[mine]), torch.tensor(y[mine])
+    return C.batch(step, IN, OUT, B)
 
 
-def _loss(model, x, y):
-    return ((model(x) - y) ** 2).mean()
+_loss = C.loss
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -112,20 +79,8 @@ def _units(model):
 
 
 def _check_training(model, serial, steps=2):
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
-    ref = torch.optim.AdamW(serial.parameters(), lr=0.05)
-    for step in range(steps):
-        gx, gy, x, y = _batch(step)
-        opt.zero_grad()
-        _loss(model, x, y).backward()
-        opt.step()
-        ref.zero_grad()
-        _loss(serial, gx, gy).backward()
-        ref.step()
-    named = dict(serial.named_parameters())
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(p.full_tensor().array, named[name].array, rtol=0,
-                                   atol=1e-12, err_msg=name)
+    C.train(model, serial, steps, _batch)
+    C.assert_same_params(model, serial)
 
 
 @linux_only

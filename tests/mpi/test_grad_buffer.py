@@ -92,3 +92,16 @@ def test_flat_params_are_claimed_views_until_close():
     np.testing.assert_array_equal(model.weight.numpy(), np.ones((2, 3)))
     buf.close()
     model.weight.data = sn.zeros(2, 3)  # the user's again
+
+
+def test_flat_params_without_claim_are_views_that_data_may_rebind():
+    model = nn.Linear(3, 2)
+    buf = ParamAndGradBuffer(list(model.parameters()), ["weight", "bias"], dist.world().comm,
+                             who="a test", flat_params=True, claim=False)
+    flat = buf.param_flats[np.dtype(np.float64)]
+    flat[:6] = 2.0
+    np.testing.assert_array_equal(model.weight.numpy(), np.full((2, 3), 2.0))
+    model.weight.data = sn.zeros(2, 3)  # not refused: the weight leaves the flat array
+    assert not np.shares_memory(model.weight.array, flat)
+    np.testing.assert_array_equal(flat[:6], np.full(6, 2.0))
+    buf.close()

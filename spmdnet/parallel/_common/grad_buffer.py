@@ -9,7 +9,8 @@ them instead (FSDP: one per flat shard, with the flat's own layout). With
 ``flat_params`` the parameters' arrays become views of one flat array per
 group (``param_flats``; ZeRO updates and all-gathers them in place, and a
 fused optimizer can step on them in one pass), claimed so ``p.data = t`` is
-refused while it holds them.
+refused while it holds them (``claim=False``: not claimed; whoever rebinds
+a parameter's data then takes it out of the flat array).
 
 With a ``reduction`` (``reductions.AllReduce`` for DataParallel,
 ``reductions.ReduceScatter`` for ZeRO-2 and FSDP) the gradients are
@@ -76,7 +77,7 @@ class ParamAndGradBuffer:
     def __init__(self, params, names, comm, *, who, reduction=None, parts=1, groups=None,
                  flat_params=False, claim_names=None, grads="persistent", bucket_mb=25.0,
                  mode="nonblocking", in_flight=None, nonfinite="ignore", enabled=None,
-                 on_finish=None, start="hooks", alloc=None, free=None):
+                 on_finish=None, start="hooks", alloc=None, free=None, claim=True):
         if grads not in ("persistent", "transient"):
             raise ValueError(f"grads must be 'persistent' or 'transient', got {grads!r}")
         if start not in STARTS:
@@ -90,7 +91,7 @@ class ParamAndGradBuffer:
         self.param_flats, self.grad_flats = {}, {}
         self._claimed = []
         if flat_params:
-            self._flatten_params(claim_names or self.names)
+            self._flatten_params(claim_names or self.names, claim)
         self.reduction, self.persistent = reduction, grads == "persistent"
         self.buckets, self._hooks = [], []
         self.bad, self.exposed_s, self.wait_s, self.reductions = [], 0.0, 0.0, 0
@@ -139,7 +140,7 @@ class ParamAndGradBuffer:
                                   [self._slot[id(p)][1] for p in params]))
         return buckets
 
-    def _flatten_params(self, claim_names):
+    def _flatten_params(self, claim_names, claiming):
         claim_name = {id(p): n for p, n in zip(self.params, claim_names)}
         for key, group, layout in self.groups:
             xp = xp_of(group[0].array)
@@ -148,8 +149,8 @@ class ParamAndGradBuffer:
             self.param_flats[key] = flat
             for p, view in zip(group, layout.views(flat)):
                 p.array = view  # from now on updated in place (optimizer, all-gather)
-                claim(p, f"{claim_name[id(p)]} of {self.who}")
-                self._claimed.append(p)
+                if claiming:
+                    self.claim(p, f"{claim_name[id(p)]} of {self.who}")
 
     def claim(self, tensor, owner):
         """Claim one more tensor over this buffer's storage (a shard Parameter)."""
