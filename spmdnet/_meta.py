@@ -321,9 +321,10 @@ def _function(func, args, kwargs):
         if not reading:  # meta values into a real array: PyTorch's copy_ refuses
             raise NotImplementedError(_no_data(f"{func.__name__} into a 'cpu' array"))
     out = kwargs.get("out")
-    if out is not None and not isinstance(out, MetaArray) and not reading:
+    outs = out if isinstance(out, tuple) else (out,)
+    if not reading and any(o is not None and not isinstance(o, MetaArray) for o in outs):
         raise RuntimeError(f"{func.__name__}: a tensor on the 'meta' device cannot be written "
-                           f"into one on the 'cpu' device (output {_shapes((out,))})")
+                           f"into one on the 'cpu' device (output {_shapes(outs)})")
     result = _on_dummies(func, args, kwargs)
     if out is not None and result is out:  # a real buffer a meta op's forward made
         return result

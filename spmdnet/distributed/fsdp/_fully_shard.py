@@ -18,10 +18,12 @@ Optimizers built afterwards from ``model.parameters()`` step on the shards.
   parameters. An int ``k`` keeps each rank's piece of a group of ``k``
   ranks after forward and gathers from that group in backward (as PyTorch:
   1 is False, the shard dimension's size is True).
-- Gradients (``_fsdp_grads``): once a unit's gradients are final they are
-  reduce-scattered (mean over the mesh) into the shards' ``.grad``. With
-  ``set_requires_gradient_sync(False)`` nothing is communicated: the full
-  gradients accumulate until a synchronising backward reduces the sum.
+- Gradients (``_fsdp_grads``, on the ``ParamAndGradBuffer`` of DataParallel,
+  ZeRO and FSDP1): once a unit's gradients are final its reduce-scatter
+  starts, completed when backward ends, the mean over the mesh added into
+  the shards' ``.grad``. With ``set_requires_gradient_sync(False)`` nothing
+  is communicated: the full gradients accumulate in the buffer until a
+  synchronising backward reduces the sum.
 - ``mesh``: 1-D (shard over it), or 2-D (replicate, shard) for HSDP: shards
   over the second dimension, gradients also averaged over the first; the
   shards are DTensors with placements ``(Replicate(), Shard(0))``.

@@ -4,7 +4,9 @@ and the hooks a user registers fire as they would without FSDP.
 
 A wrapped unit (``unit_hooks``): a forward pre-hook gathers its parameters,
 saves the RNG state and turns the graph off; the forward runs (the module's
-own ``forward``, with every hook the user registered); a forward hook, first
+own ``forward``, with every hook the user registered; its full backward hooks
+are left to the recomputation, which runs them with the true gradients, see
+``_units.UnitRun``); a forward hook, first
 among the module's and called even when forward raises, frees the
 parameters (the output copied first when it is a view of them), restores the
 grad mode and, in a training forward, returns the output as the result of
@@ -19,6 +21,7 @@ parameters and keeps this rank's shards.
 from ..._tensor import Tensor
 from ... import random as sn_random
 from ...autograd import is_grad_enabled, no_grad
+from ...nn.modules._hooks import defer_backward_hooks
 from ._units import UnitRun
 
 
@@ -33,6 +36,7 @@ def unit_hooks(owner, unit):
         calls.append((grad, mode, sn_random.get_rng_state() if grad else None))
         unit.gather()
         if mode is not None:
+            defer_backward_hooks(module)  # the recomputation in backward has the graph
             mode.__enter__()
 
     def after(module, args, kwargs, out):

@@ -9,7 +9,8 @@ recording a graph (no op can save a full parameter) and frees; its backward
 gathers again, re-runs the module's forward with a graph (activation
 recomputation, restoring the RNG state and the module's buffers, so dropout
 masks and running statistics are those of the first run), backpropagates the
-output gradient (into the gradient buckets of the wrapper's
+output gradient (the unit's full backward hooks fire there, see
+``_recompute``; into the gradient buckets of the wrapper's
 ``ParamAndGradBuffer``, one per flat), tells the wrapper the unit's
 gradients are final (``unit_done``: their reduce-scatter starts and travels
 while the previous unit recomputes) and frees.
@@ -26,6 +27,8 @@ from ... import random as sn_random
 from ..._tensor import Tensor
 from ...autograd import Function, enable_grad
 from ...backend import xp_of
+from ...nn.modules._backward import BackwardHook
+from ...nn.modules._hooks import backward_hooks_of
 
 
 class Unit:
@@ -58,6 +61,19 @@ def _buffers_snapshot(module):
 
 def _zeros_like(xp, specs):
     return tuple(xp.zeros(shape, dtype) for shape, dtype in specs)
+
+
+def _recompute(unit, xs, kwargs):
+    """The unit's forward on ``xs`` with a graph, its forward hooks not run
+    again (they ran in the real forward) and its full backward hooks gated
+    as in a module call (``BackwardHook``), so the backward of this graph
+    gives them the unit's true ``grad_output`` and ``grad_input``."""
+    hooks, pre_hooks = backward_hooks_of(unit.module)
+    if not (hooks or pre_hooks):
+        return unit.forward(*xs, **kwargs)
+    gates = BackwardHook(unit.module, hooks, pre_hooks)
+    out = unit.forward(*gates.setup_input_hook(tuple(xs)), **kwargs)
+    return gates.setup_output_hook(out)
 
 
 class ChainEnd(Function):
@@ -103,7 +119,7 @@ class UnitRun(Function):
             sn_random.set_rng_state(self.rng)
             xs = [Tensor(x, requires_grad=need) for x, need in zip(self.inputs, needs)]
             with enable_grad():
-                out = unit.forward(*xs, **self.kwargs)
+                out = _recompute(unit, xs, self.kwargs)
             owner.poke()
             if out.requires_grad:
                 out.backward(g)

@@ -63,21 +63,6 @@ def gather_dim(local, dim, length, comm):
     return xp.ascontiguousarray(xp.moveaxis(whole, 0, dim))
 
 
-def reduce_scatter_dim(full, dim, comm, op="mean"):
-    """This rank's ``torch.chunk`` piece along ``dim`` of the reduction of ``full``."""
-    size, rank = comm.Get_size(), comm.Get_rank()
-    length = full.shape[dim]
-    step = -(-length // size) if length else 0
-    xp = xp_of(full)
-    moved = xp.moveaxis(full, dim, 0)
-    pad = size * step - length
-    if pad:
-        moved = xp.concatenate([moved, xp.zeros((pad,) + moved.shape[1:], moved.dtype)])
-    piece = collectives.reduce_scatter_block(xp.ascontiguousarray(moved), op, comm)
-    start, stop = chunk_bounds(length, size, rank)
-    return xp.ascontiguousarray(xp.moveaxis(piece[:stop - start], 0, dim))
-
-
 class DTensor(Parameter):
     """A tensor laid out over a DeviceMesh; its array is the local piece."""
 

@@ -195,6 +195,26 @@ class ModuleHooks:
         return _add(self._load_state_dict_post_hooks, hook, False)
 
 
+# ids of modules whose call in progress leaves its full backward hooks to the
+# module's owner (``defer_backward_hooks``)
+_DEFERRED_BACKWARD = set()
+
+
+def defer_backward_hooks(module):
+    """Called from a forward pre-hook of ``module``: this call sets up no
+    ``BackwardHook``; the caller gives the hooks their gradients itself
+    (FullyShardedDataParallel runs a unit without a graph and recomputes it
+    in backward, where the gates go)."""
+    _DEFERRED_BACKWARD.add(id(module))
+
+
+def backward_hooks_of(module):
+    """(full backward hooks, backward pre-hooks) of a call of ``module``:
+    the global ones first, then the module's."""
+    return ([*_global_backward_hooks.values(), *module._backward_hooks.values()],
+            [*_global_backward_pre_hooks.values(), *module._backward_pre_hooks.values()])
+
+
 def call_with_hooks(module, args, kwargs):
     """``module(*args, **kwargs)`` with its hooks and the global ones."""
     fired, result = set(), None
@@ -212,11 +232,11 @@ def call_with_hooks(module, args, kwargs):
                 new = hook(module, args)
                 if new is not None:
                     args = new if isinstance(new, tuple) else (new,)
-        backward_hooks = [*_global_backward_hooks.values(), *module._backward_hooks.values()]
-        backward_pre_hooks = [*_global_backward_pre_hooks.values(),
-                              *module._backward_pre_hooks.values()]
+        backward_hooks, backward_pre_hooks = backward_hooks_of(module)
+        deferred = bool(_DEFERRED_BACKWARD) and id(module) in _DEFERRED_BACKWARD
+        _DEFERRED_BACKWARD.discard(id(module))
         bw_hook = None
-        if backward_hooks or backward_pre_hooks:
+        if (backward_hooks or backward_pre_hooks) and not deferred:
             bw_hook = BackwardHook(module, backward_hooks, backward_pre_hooks)
             args = bw_hook.setup_input_hook(args)
         result = module.forward(*args, **kwargs)
@@ -239,6 +259,7 @@ def call_with_hooks(module, args, kwargs):
             result = bw_hook.setup_output_hook(result)
         return result
     except Exception:
+        _DEFERRED_BACKWARD.discard(id(module))
         _always_called(module, args, kwargs, result, fired)
         raise
 

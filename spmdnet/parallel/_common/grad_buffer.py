@@ -5,7 +5,8 @@ flat storage per layout group, gradient buckets reduced during backward.
 reducer with a comm hook is the other model) lays the parameters out in
 layout groups, each a ``FlatLayout`` padded to ``parts`` equal shards:
 by default one group per dtype in registration order; ``groups`` names
-them instead (FSDP: one per flat shard, with the flat's own layout). With
+them instead (FSDP: one per flat shard, with the flat's own layout;
+``fully_shard``: a ``ChunkLayout``, without views: gradients copied in). With
 ``flat_params`` the parameters' arrays become views of one flat array per
 group (``param_flats``; ZeRO updates and all-gathers them in place, and a
 fused optimizer can step on them in one pass), claimed so ``p.data = t`` is
@@ -86,6 +87,10 @@ class ParamAndGradBuffer:
         self._name_of = {id(p): n for p, n in zip(self.params, self.names)}
         self.groups = groups if groups is not None else dtype_groups(self.params, parts)
         self.layouts = {key: layout for key, _, layout in self.groups}
+        if not all(lay.viewable for lay in self.layouts.values()) and (
+                start != "call" or grads != "transient" or nonfinite != "ignore"):
+            raise ValueError(f"{who}: layouts without views (ChunkLayout) need start='call', "
+                             "grads='transient' and nonfinite='ignore' (gradients are copied in)")
         self._slot = {id(p): (key, i) for key, group, _ in self.groups
                       for i, p in enumerate(group)}
         self.param_flats, self.grad_flats = {}, {}
