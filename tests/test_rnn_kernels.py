@@ -5,9 +5,12 @@ they match the xp code (NumPy's tanh) to float32 rounding, not bit for bit:
 ``_tanh`` is checked within 8 ulp of float64 tanh over its whole range, and
 the op's output and every input gradient in float32 with the kernels against
 the xp code in float64 (itself checked against finite differences here),
-both directions, at a real width (H 256), an odd one (257) and tiny shapes;
-then nn.LSTM in float32 (two bidirectional layers) against the float64 module.
-The table hands the kernels out for float32 NumPy arrays only.
+both directions, with and without the bias, at a real width (H 256), an odd
+one (257), tiny shapes and nn.LSTM(200, 200)'s step (N 20: the products in
+column blocks); then nn.LSTM in float32 (two bidirectional layers) against the
+float64 module. Also: writing the gates over xw changes nothing else, the
+skipped last product when h0 needs no gradient changes no other gradient, and
+the table hands the kernels out for float32 NumPy arrays only.
 """
 import numpy as np
 import pytest

@@ -3,16 +3,18 @@
 ``ops.rnn.LSTMSequence`` takes these for float32 NumPy arrays (dispatch.py,
 ``takes``); other arrays run its xp code. Per time step:
 
-- ``forward``: the product h W_hhᵀ into the step's (N, 4H) gate rows
-  (PyTorch's layout: i, f, g, o blocks of H; W_hhᵀ copied contiguous once:
-  BLAS's transposed-operand path is slower at these sizes), then one kernel:
-  the input projection added, the gates activated (sigmoid(a) = tanh(a / 2)
-  / 2 + 1/2, as the xp code), c = f c_prev + i g, tanh(c) and h = o tanh(c)
-  written straight into the op's output. tanh is ``_tanh`` below, a rational
-  approximation in float32 arithmetic that LLVM vectorises (within 7 ulp of
-  tanh, 0.9 ulp on average; NumPy's tanh is within 1.4): a call of Numba's
-  libm tanh per element, or NumPy's tanh between kernels, cost more than
-  the kernel.
+- ``forward``: the product h W_hhᵀ (N, 4H) (PyTorch's layout: i, f, g, o
+  blocks of H; W_hhᵀ copied contiguous once: BLAS's transposed-operand path
+  is slower at these sizes; in column blocks, ``_column_blocks``), then one
+  kernel: the product and the bias added to the step's input projection,
+  which becomes the activated gates in place (over xw itself when the
+  caller allows), sigmoid(a) = tanh(a / 2) / 2 + 1/2 as in the xp code,
+  c = f c_prev + i g, tanh(c) and h = o tanh(c) written straight into the
+  op's output. tanh is ``_tanh`` below, a rational approximation in float32
+  arithmetic that LLVM vectorises (within 7 ulp of tanh on a dense grid,
+  0.9 ulp on average; NumPy's tanh is within 1.4): a call of Numba's libm
+  tanh per element, or NumPy's tanh between kernels, cost more than the
+  kernel.
 - ``backward``: one pass over (N, H) that adds the incoming gradient at h
   and writes the gradients of the four gates' pre-activations and the cell
   gradient carried to the step before, then the product d_gates W_hh (the

@@ -123,6 +123,11 @@ def test_gradients_are_reduced_in_the_reduce_dtype(monkeypatch, reduce_dtype):
     assert all(p.grad.dtype == p.dtype for p in model.parameters() if p.grad is not None)
 
 
+def test_a_reduce_dtype_mpi_cannot_sum_is_refused():
+    with pytest.raises(TypeError, match="bfloat16, which MPI cannot sum"):
+        fully_shard(nn.Linear(2, 3), mp_policy=MixedPrecisionPolicy(param_dtype="bfloat16"))
+
+
 def test_hsdp_with_no_sync_reduces_the_sum_over_all_ranks():
     size = dist.get_world_size()
     if size % 2:

@@ -15,7 +15,7 @@ import spmdnet.nn.functional as F
 from spmdnet import nn
 from spmdnet import parallel
 from spmdnet.autograd import is_grad_enabled
-from spmdnet.distributed.fsdp import (BackwardPrefetch, CPUOffload, FullStateDictConfig,
+from spmdnet.distributed.fsdp import (BackwardPrefetch, FullStateDictConfig,
                                       FullyShardedDataParallel as FSDP, ShardingStrategy,
                                       StateDictType)
 from spmdnet.distributed.fsdp.wrap import (ModuleWrapPolicy, size_based_auto_wrap_policy,
@@ -138,8 +138,8 @@ def test_strategies_and_options_we_do_not_build_raise():
     for strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         with pytest.raises(NotImplementedError, match="HYBRID"):
             FSDP(net(), sharding_strategy=strategy)
-    with pytest.raises(NotImplementedError, match="cpu_offload"):
-        FSDP(net(), cpu_offload=CPUOffload(offload_params=True))
+    with pytest.raises(NotImplementedError, match="ignored_modules"):
+        FSDP(net(), ignored_modules=[nn.Linear(2, 2)])
     with pytest.raises(NotImplementedError, match="SHARDED_STATE_DICT"):
         FSDP.set_state_dict_type(net(), StateDictType.SHARDED_STATE_DICT)
 

@@ -19,9 +19,12 @@ each padded to the group size. ``optimizer_groups`` builds the optimizer's
 """
 import time
 
+import numpy as np
+
 from ... import distributed as dist
 from ..._owned_storage import claim
-from ...backend import is_cupy_array, xp_of
+from ...backend import asnumpy, is_cupy_array, upload, xp_of
+from ..._tensor import Tensor
 from ...nn import Parameter
 from ...parallel._common.flat import FlatLayout
 from ..bucket_collectives import BucketComm
@@ -59,16 +62,21 @@ class Flat:
     gathers it (None: blocking gathers); ``pool``: the ``Pool`` of its full
     buffers (None: new ones)."""
 
-    def __init__(self, names, params, comm, options=None, source=None, pool=None):
+    def __init__(self, names, params, comm, options=None, source=None, pool=None,
+                 offload=False, param_dtype=None):
         self.names, self.params, self.comm = names, params, comm
         self.bc = BucketComm(comm, "none")  # blocking gathers of this flat's parameters
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.layout = FlatLayout([p.shape for p in params], parts=self.size)
         first = params[0].array
         self.xp, self.dtype = xp_of(first), first.dtype
+        # mixed precision: the gathered parameters' dtype (the shard keeps self.dtype)
+        self.param_dtype = self.dtype if param_dtype is None else np.dtype(param_dtype)
+        self.offload = offload  # the shard (and its gradient) on the host
         full = self.layout.pack(self.xp.zeros(self.layout.padded_numel, self.dtype),
                                 [p.array for p in params])
-        self.shard = Parameter(self.layout.shard_of(full, self.rank).copy())
+        shard = self.layout.shard_of(full, self.rank).copy()
+        self.shard = Parameter(asnumpy(shard) if offload else shard)
         for name, p in zip(names, params):  # p.data = t would escape gather/free
             claim(p, f"parameter {name!r} of FullyShardedDataParallel")
         self.options = dict(options or {})
@@ -84,10 +92,24 @@ class Flat:
     def shapes(self):
         return self.layout.shapes
 
-    def take(self):
-        """An uninitialised full-length flat buffer (from the pool when set)."""
-        n = self.layout.padded_numel
-        return self.pool.take(self.xp, n, self.dtype) if self.pool else self.xp.empty(n, self.dtype)
+    @property
+    def prefetchable(self):
+        """Whether a non-blocking gather lands straight in a ``take`` buffer
+        (host arrays: no device copy after it)."""
+        return self.xp is np and not is_cupy_array(self.shard.array)
+
+    def send(self, exact=False):
+        """The array this rank all-gathers: its shard, cast to the
+        parameters' compute dtype (``exact``: the shard's own), as ``wire``."""
+        shard = self.shard.array
+        return wire(shard if exact or shard.dtype == self.param_dtype else
+                    shard.astype(self.param_dtype))
+
+    def take(self, exact=False):
+        """An uninitialised full-length flat buffer of the compute dtype
+        (``exact``: the shard's), from the pool when set."""
+        n, dtype = self.layout.padded_numel, self.dtype if exact else self.param_dtype
+        return self.pool.take(self.xp, n, dtype) if self.pool else self.xp.empty(n, dtype)
 
     def give(self, buf):
         if self.pool is not None:
@@ -102,22 +124,28 @@ class Flat:
             return shard.copy()
         return dist.allgather(shard, comm=self.comm).reshape(-1)
 
-    def gather_params(self):
-        """(The full flat parameters, all-gathered (blocking) into a pooled
-        buffer; the seconds it took)."""
-        if is_cupy_array(self.shard.array):
+    def gather_params(self, exact=False):
+        """(The full flat parameters in the compute dtype (``exact``: the
+        shard's), all-gathered (blocking) into a pooled buffer, on the
+        parameters' device; the seconds it took)."""
+        shard, dtype = self.send(exact), self.dtype if exact else self.param_dtype
+        if not self.prefetchable:  # a GPU shard, or a host one (offload) copied up
             t0 = time.perf_counter()
-            return self.allgather(), time.perf_counter() - t0
-        buf = self.take()
+            full = self.allgather(shard).view(dtype)
+            full = upload(full) if self.xp is not xp_of(full) else full
+            return full, time.perf_counter() - t0
+        buf = self.take(exact)
         if self.size == 1:
-            buf[...] = self.shard.array
+            wire(buf)[...] = shard
             return buf, 0.0
-        return buf, self.bc.all_gather(self.shard.array, buf, "allgather(FSDP parameters)").wait()
+        return buf, self.bc.all_gather(shard, wire(buf), "allgather(FSDP parameters)").wait()
 
-    def gather(self):
-        """All-gather the shard (through ``source``, the prefetcher, when set);
-        point every parameter at its view. Returns the full array."""
-        full = self.source.fetch(self) if self.source is not None else self.gather_params()[0]
+    def gather(self, exact=False):
+        """All-gather the shard (through ``source``, the prefetcher, when set;
+        ``exact``: in the shard's dtype, as the state dict); point every
+        parameter at its view. Returns the full array."""
+        full = self.source.fetch(self) if self.source is not None and not exact \
+            else self.gather_params(exact)[0]
         self.view(full)
         return full
 
@@ -143,8 +171,55 @@ class Flat:
 
     def load_full(self, full):
         """Keep this rank's slice of a full flat array as the shard."""
-        self.shard.array[...] = self.layout.shard_of(full, self.rank)
+        mine = self.layout.shard_of(full, self.rank)
+        self.shard.array[...] = asnumpy(mine) if self.offload else mine
 
+
+
+def wire(a):
+    """``a`` as MPI carries it: bfloat16, which has no MPI type, as its
+    16-bit words (a view; gathers copy bytes, they do not add)."""
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
+class ShardGrad:
+    """Where a flat's reduce-scatter lands (``reductions.ParamShardTarget``'s
+    protocol): its shard's ``.grad``, in ``grad_dtype`` on the shard's side
+    (the host under offload), while the bucket is in the reduce dtype on
+    the parameters' device: the reduction is received in the bucket's kind,
+    then cast (and copied to the host) into the gradient. ``round_to``: a
+    dtype the reduced gradient is rounded to first (bfloat16, summed in
+    float32 buckets: MPI has no bfloat16 sum)."""
+
+    def __init__(self, flat, lo, reduce_dtype, grad_dtype, round_to=None):
+        self.param, self.lo, self.flat = flat.shard, lo, flat
+        self.reduce_dtype, self.grad_dtype, self.round_to = reduce_dtype, grad_dtype, round_to
+        self._new = None
+
+    @property
+    def fresh(self):
+        return self.param.grad is None
+
+    def _here(self, piece):
+        piece = asnumpy(piece) if self.flat.offload else piece
+        if self.round_to is not None:
+            piece = piece.astype(self.round_to)
+        return piece.astype(self.grad_dtype, copy=False)
+
+    def receive_into(self):
+        if self._new is None:
+            self._new = self.flat.xp.zeros(self.param.array.size, self.reduce_dtype)
+        return self._new
+
+    def add(self, at, piece):
+        self.param.grad.array[at:at + piece.size] += self._here(piece)
+
+    def delivered(self):
+        if self.param.grad is None:  # keep_low_precision_grads: a .grad of another
+            self.param._grad = Tensor(self._here(self._new))  # dtype, as PyTorch's FSDP
+
+    def finished(self):
+        self._new = None
 
 
 def split_flats(params, fn, comm, **shared):

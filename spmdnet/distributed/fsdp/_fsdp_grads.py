@@ -52,9 +52,8 @@ class PieceTargets:
             if id(e.full) not in self.pending:
                 continue
             piece = on_device(self.layout.piece(shard, i, self.rank), device_of(e.shard.array))
-            piece = piece.astype(e.shard.array.dtype, copy=False)
-            if e.shard.grad is None:
-                e.shard.grad = Tensor(piece.copy())
+            if e.shard.grad is None:  # a copy: the bucket's storage is handed back
+                e.shard.grad = Tensor(piece.astype(e.shard.array.dtype, order="C"))
             else:
                 e.shard.grad.array += piece
 
@@ -63,6 +62,12 @@ class PieceTargets:
 
     def finished(self):
         self.pending = set()
+
+
+def check_reducible(dtype, what):
+    if dtype.kind not in "fc":  # MPI sums no bfloat16
+        raise TypeError(f"fully_shard: {what} would be reduced in {dtype}, which MPI cannot "
+                        "sum; set MixedPrecisionPolicy(reduce_dtype=torch.float32)")
 
 
 def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
@@ -74,6 +79,7 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
     by_dtype = {}
     for e, name in zip(entries, names):
         dtype = reduce_dtype if reduce_dtype is not None else e.full.array.dtype
+        check_reducible(dtype, f"the gradient of {name}")
         by_dtype.setdefault(dtype, []).append((e, name))
     groups, targets = [], {}
     for dtype, members in by_dtype.items():
@@ -87,11 +93,11 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
         size *= replicate_comm.Get_size()
     reduction = ReduceScatter(size=size, label="fully_shard gradient", targets=targets,
                               then_allreduce=replicate)
+    members = [m for ms in by_dtype.values() for m in ms]
     buffer = ParamAndGradBuffer(
-        [e.full for e, _ in (m for ms in by_dtype.values() for m in ms)],
-        [n for _, n in (m for ms in by_dtype.values() for m in ms)], shard_comm,
-        who="fully_shard", reduction=reduction, groups=groups, bucket_mb=None,
-        grads="transient", start="call", mode=mode)
+        [e.full for e, _ in members], [n for _, n in members], shard_comm, who="fully_shard",
+        reduction=reduction, groups=groups, bucket_mb=None, grads="transient", start="call",
+        mode=mode)
     return buffer, targets, replicate
 
 

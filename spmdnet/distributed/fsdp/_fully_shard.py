@@ -42,6 +42,7 @@ from ..device_mesh import DeviceMesh, init_device_mesh
 from ..tensor._api import DTensor, local_piece
 from ..tensor._placements import Replicate, Shard
 from ._fsdp_api import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from ._fsdp_grads import check_reducible
 from ._fsdp_state import Entry, FSDPState, map_tensors
 from ._fsdp_storage import host_copy
 
@@ -152,6 +153,10 @@ def _check(mesh, mp_policy, offload_policy):
         raise ValueError(f"fully_shard: rank {runtime.world().rank} is not in {mesh!r}")
     if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"mp_policy must be a MixedPrecisionPolicy, got {mp_policy!r}")
+    reduce_dtype = mp_policy.param_dtype if mp_policy.reduce_dtype is None \
+        else mp_policy.reduce_dtype
+    if reduce_dtype is not None:
+        check_reducible(reduce_dtype, f"with {mp_policy!r} the gradients")
     if not isinstance(offload_policy, OffloadPolicy):
         raise TypeError(f"offload_policy must be an OffloadPolicy, got {offload_policy!r}")
 

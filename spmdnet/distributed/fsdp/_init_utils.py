@@ -2,24 +2,25 @@
 configuration: the communicator, whether units reshard after forward, which
 modules are units, which gathers are prefetched, and the arguments whose
 features spmdnet does not build (NotImplementedError naming them)."""
+import numpy as np
+
+from ..._tensor import Tensor
 from .. import c10d
-from .api import BackwardPrefetch, ShardingStrategy
+from .api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from .wrap import as_wrap, policy
 
 # (strategy -> reshard after forward); NO_SHARD is DistributedDataParallel
 RESHARD = {ShardingStrategy.FULL_SHARD: True, ShardingStrategy.SHARD_GRAD_OP: False}
-UNBUILT = ("cpu_offload", "mixed_precision", "ignored_modules", "param_init_fn",
-           "ignored_states", "device_mesh")
+UNBUILT = ("ignored_modules", "param_init_fn", "ignored_states", "device_mesh")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def check_unbuilt(process_group, **options):
     """NotImplementedError for a hybrid ``process_group`` pair or any of the
-    ``UNBUILT`` options set (``cpu_offload`` only with ``offload_params``)."""
+    ``UNBUILT`` options set."""
     if isinstance(process_group, tuple):
         raise NotImplementedError("FullyShardedDataParallel(process_group=(shard, replicate))"
                                   ": hybrid sharding is not supported by spmdnet")
-    offload = options.pop("cpu_offload", None)
-    options["cpu_offload"] = getattr(offload, "offload_params", offload) or None
     for name, value in options.items():
         if value is not None and value is not False:
             raise NotImplementedError(f"FullyShardedDataParallel({name}={value!r}) is not "
@@ -93,3 +94,51 @@ def prefetch_modes(forward_prefetch, backward_prefetch, prefetch):
     backward = {None: None, BackwardPrefetch.BACKWARD_PRE: "pre",
                 BackwardPrefetch.BACKWARD_POST: "post"}[backward_prefetch]
     return bool(forward_prefetch), backward
+
+
+def offload_of(cpu_offload):
+    """Whether the shards live on the host (``CPUOffload(offload_params=True)``)."""
+    if cpu_offload is None:
+        return False
+    if not isinstance(cpu_offload, CPUOffload):
+        raise TypeError(f"cpu_offload must be a CPUOffload or None, got {cpu_offload!r}")
+    return bool(cpu_offload.offload_params)
+
+
+def _dtype(name, value):
+    if value is None:
+        return None
+    dtype = np.dtype(value)
+    if dtype.name not in FLOAT_DTYPES:
+        raise TypeError(f"MixedPrecision({name}={value!r}): one of {FLOAT_DTYPES}")
+    return dtype
+
+
+def precision_of(mixed_precision):
+    """``MixedPrecision`` -> a ``MixedPrecision`` of NumPy dtypes (None:
+    full precision everywhere), ``reduce_dtype`` defaulting to ``param_dtype``
+    as PyTorch's."""
+    if mixed_precision is None:
+        return MixedPrecision()
+    if not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(f"mixed_precision must be a MixedPrecision or None, got "
+                        f"{mixed_precision!r}")
+    mp = mixed_precision
+    param = _dtype("param_dtype", mp.param_dtype)
+    reduce = _dtype("reduce_dtype", mp.reduce_dtype)
+    return MixedPrecision(param_dtype=param, reduce_dtype=param if reduce is None else reduce,
+                          buffer_dtype=_dtype("buffer_dtype", mp.buffer_dtype),
+                          keep_low_precision_grads=bool(mp.keep_low_precision_grads),
+                          cast_forward_inputs=bool(mp.cast_forward_inputs),
+                          cast_root_forward_inputs=bool(mp.cast_root_forward_inputs))
+
+
+def cast_inputs(dtype, args, kwargs):
+    """Floating-point Tensors among ``args`` and ``kwargs``' values cast to
+    ``dtype`` (a differentiable cast; None: unchanged)."""
+    def cast(a):
+        if dtype is None or not isinstance(a, Tensor) or a.dtype == dtype or \
+                np.dtype(a.dtype).kind != "f" and np.dtype(a.dtype).name != "bfloat16":
+            return a
+        return a.to(dtype)
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}

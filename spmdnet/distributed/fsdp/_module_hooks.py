@@ -22,6 +22,7 @@ from ..._tensor import Tensor
 from ... import random as sn_random
 from ...autograd import is_grad_enabled, no_grad
 from ...nn.modules._hooks import defer_backward_hooks
+from ._init_utils import cast_inputs
 from ._units import UnitRun
 
 
@@ -29,15 +30,20 @@ def unit_hooks(owner, unit):
     """Install the hooks that run ``unit`` (a recomputed unit) under
     ``owner`` (the FullyShardedDataParallel); returns their handles."""
     calls = []  # per call in progress: (grad mode was on, the no_grad context, RNG state)
+    mp = owner.precision
+    cast = mp.param_dtype if mp.cast_forward_inputs else None
 
     def before(module, args):
         grad = is_grad_enabled()
         mode = no_grad() if grad else None
         calls.append((grad, mode, sn_random.get_rng_state() if grad else None))
         unit.gather()
+        if cast is not None:  # mixed precision's cast_forward_inputs, in the graph
+            args = cast_inputs(cast, args, {})[0]
         if mode is not None:
             defer_backward_hooks(module)  # the recomputation in backward has the graph
             mode.__enter__()
+        return args if cast is not None else None
 
     def after(module, args, kwargs, out):
         if not calls:
@@ -84,12 +90,15 @@ def state_hooks(owner, model):
     def save_pre(module, prefix, keep_vars):
         gathered[:] = [f for f in owner.flats() if not f.live]  # a pending backward keeps
         for f in gathered:                                        # the others gathered
-            f.gather()
+            f.gather(exact=True)
 
     def save_post(module, state, prefix, local_metadata):
         try:  # copies, as PyTorch's full state: the gathered arrays are freed below
+            cast = owner.buffer_dtypes  # buffers cast by mixed precision: saved as they were
             for key in [k for k in state if k.startswith(prefix)]:
-                state[key] = Tensor(state[key].array.copy())
+                dtype = cast.get(key[len(prefix):])
+                array = state[key].array
+                state[key] = Tensor(array.copy() if dtype is None else array.astype(dtype))
         finally:
             for f in gathered:
                 f.free()
@@ -97,7 +106,7 @@ def state_hooks(owner, model):
 
     def load_pre(module, state, prefix, *rest):
         owner.check_loadable()
-        loading[:] = [(f, f.gather()) for f in owner.flats()]
+        loading[:] = [(f, f.gather(exact=True)) for f in owner.flats()]
 
     def load_post(module, incompatible_keys):
         try:

@@ -28,8 +28,8 @@ every one. ``wait_s`` sums the seconds spent waiting (the exposed
 communication: the wait of non-blocking gathers, and the whole of blocking
 ones).
 """
-from ...backend import is_cupy_array
 from ..bucket_collectives import BucketComm
+from ._flat_param import wire
 
 
 class Prefetcher:
@@ -49,7 +49,7 @@ class Prefetcher:
         self.end()
         self.phase = phase
         order = self.last.get(phase, ())
-        if self.modes[phase] and order and not is_cupy_array(order[0].shard.array):
+        if self.modes[phase] and order and order[0].prefetchable:
             self._start(order[0])
 
     def end(self):
@@ -86,7 +86,7 @@ class Prefetcher:
         follows its recorded order."""
         order, i = self.last.get(self.phase, ()), len(self.seen)
         if (0 < i < len(order) and order[i - 1] is self.seen[-1]
-                and order[i] not in self.pending and not is_cupy_array(order[i].shard.array)):
+                and order[i] not in self.pending and order[i].prefetchable):
             self._start(order[i])
 
     def poke(self):
@@ -94,7 +94,7 @@ class Prefetcher:
 
     def _start(self, flat):
         buf = flat.take()
-        work = self.bc.all_gather(flat.shard.array, buf, "allgather(FSDP prefetch)")
+        work = self.bc.all_gather(flat.send(), wire(buf), "allgather(FSDP prefetch)")
         self.pending[flat] = (work, buf)
         self.poke()  # a first progress call: the transfer starts before the next compute
 

@@ -107,7 +107,7 @@ class ShardedState(StateDictMode):
             if arr.shape != f.shard.shape:
                 raise ValueError(f"load_sharded_state_dict: shard of {f.names} has shape "
                                  f"{arr.shape}, expected {f.shard.shape}")
-            f.shard.array[...] = f.xp.asarray(arr)
+            f.shard.array[...] = xp_of(f.shard.array).asarray(arr)  # offload: on the host
         for k, b in self.module.named_buffers():
             b.array[...] = xp_of(b.array).asarray(state["buffers"][k])
 

@@ -50,8 +50,14 @@ has the model's keys); ``auto_wrap_policy`` (``wrap.py``) picks the units;
 (``_prefetch``); ``state_dict_type`` the full state on every rank or rank 0
 (``_state_dict_utils``). Rank 0's parameters and buffers are always
 broadcast (``sync_module_states=True``'s behaviour, whatever its value).
+``cpu_offload`` keeps the shards and their gradients on the host;
+``mixed_precision`` gathers the shards cast to ``param_dtype`` and
+reduce-scatters in ``reduce_dtype`` buckets (``_flat_param.ShardGrad``
+casts the result into the shard's gradient).
 """
 import inspect
+
+import numpy as np
 
 from ... import distributed as dist
 from ..._owned_storage import release
@@ -62,9 +68,10 @@ from ...parallel._common.grad_buffer import ParamAndGradBuffer
 from ...parallel._common.norm import clip_arrays_
 from ...parallel._common.reductions import ParamShardTarget, ReduceScatter
 from ...parallel._common.wrapping import NoSync, nonfinite_mode, wrapping
-from ._flat_param import Pool, optimizer_groups, split_flats
-from ._init_utils import (UNBUILT, check_unbuilt, comm_of, prefetch_modes, reshard_of,
-                          strategy_of, unit_policy)
+from ...parallel._common.flat import FlatLayout
+from ._flat_param import Pool, ShardGrad, optimizer_groups, split_flats
+from ._init_utils import (UNBUILT, cast_inputs, check_unbuilt, comm_of, offload_of,
+                          precision_of, prefetch_modes, reshard_of, strategy_of, unit_policy)
 from ._module_hooks import run_unit, state_hooks, unit_hooks
 from ._prefetch import Prefetcher
 from ._state_dict_utils import ShardedState, Unsharded
@@ -77,8 +84,8 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
     """Fully sharded data parallelism over ``process_group`` (default: the world).
 
     PyTorch's arguments, positional as in PyTorch (the module docstring;
-    NotImplementedError: ``cpu_offload`` with ``offload_params=True``,
-    ``mixed_precision``, ``ignored_modules``/``ignored_states``,
+    ``cpu_offload`` and ``mixed_precision`` as PyTorch's, docs/PYTORCH.md;
+    NotImplementedError: ``ignored_modules``/``ignored_states``,
     ``param_init_fn``, ``device_mesh``, HYBRID strategies). Accepted as
     spmdnet's behaviour: ``device_id`` (the rank's device is bound by
     ``dist.init``), ``sync_module_states`` (rank 0's state is always
@@ -113,6 +120,10 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
         given = inspect.signature(cls.__init__).bind(
             None, module, process_group, sharding_strategy, *args, **kwargs).arguments
         check_unbuilt(process_group, **{k: given.get(k) for k in UNBUILT})
+        for k in ("cpu_offload", "mixed_precision"):
+            if given.get(k) is not None:
+                raise NotImplementedError(f"FullyShardedDataParallel(sharding_strategy=NO_SHARD,"
+                                          f" {k}={given[k]!r}) is not supported by spmdnet")
         extras = [k for k in ("wrap", "reshard_after_forward", "param_groups", "prefetch",
                               "overlap") if given.get(k) is not None and k in kwargs]
         if extras:
@@ -130,9 +141,10 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
                  limit_all_gathers=True, use_orig_params=False, ignored_states=None,
                  device_mesh=None, *, comm=None, wrap=None, reshard_after_forward=None,
                  prefetch=None, nonfinite="ignore", overlap=True, param_groups=None):
-        check_unbuilt(process_group, cpu_offload=cpu_offload, mixed_precision=mixed_precision,
-                      ignored_modules=ignored_modules, param_init_fn=param_init_fn,
-                      ignored_states=ignored_states, device_mesh=device_mesh)
+        check_unbuilt(process_group, ignored_modules=ignored_modules,
+                      param_init_fn=param_init_fn, ignored_states=ignored_states,
+                      device_mesh=device_mesh)
+        offload, mp = offload_of(cpu_offload), precision_of(mixed_precision)
         strategy = strategy_of(sharding_strategy)
         reshard_after_forward = reshard_of(strategy, reshard_after_forward)
         forward_prefetch, backward_prefetch = prefetch_modes(forward_prefetch,
@@ -143,6 +155,8 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
                                   else ShardingStrategy.SHARD_GRAD_OP)
         self.device_id, self.use_orig_params = device_id, use_orig_params
         self.sync_module_states, self.limit_all_gathers = sync_module_states, limit_all_gathers
+        self.cpu_offload, self.mixed_precision = cpu_offload, mixed_precision
+        self.offload, self.precision = offload, mp
         self._group_fn = param_groups
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
         _, base, _ = wrapping(module, comm)
@@ -152,8 +166,13 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
         self.reshard_after_forward = reshard_after_forward
         for p in module.parameters():  # frozen ones too: they stay full on every rank
             dist.bcast(p.array, root=0, comm=self.comm)
-        for _, b in module.named_buffers():
+        self.buffer_dtypes = {}  # {name: dtype} of the buffers mixed precision cast
+        for name, b in module.named_buffers():
             dist.bcast(b.array, root=0, comm=self.comm)
+            if mp.buffer_dtype is not None and b.array.dtype.kind == "f" \
+                    and b.array.dtype != mp.buffer_dtype:
+                self.buffer_dtypes[name] = b.array.dtype
+                b.array = b.array.astype(mp.buffer_dtype)
         self.units, self._module_hooks = [], []
         self._finish_scheduled = self._open_forward = False
         self._chaining, self._last_unit_out = False, None  # see _units.ChainEnd
@@ -162,7 +181,8 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
         units = owners(module, unit_policy(module, auto_wrap_policy, wrap))
         for uname, (mod, params) in units.items():
             flats = split_flats(params, self._group_fn, self.comm, source=self.prefetcher,
-                                pool=self.pool)
+                                pool=self.pool, offload=self.offload,
+                                param_dtype=mp.param_dtype)
             if uname and not flats:
                 continue  # a wrapped module with no parameters of its own runs as it is
             unit = Unit(uname, mod, flats, recompute=bool(uname) and reshard_after_forward)
@@ -185,10 +205,21 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
         """The gradients' ``ParamAndGradBuffer``: one group and one bucket per
         flat (the flat is the group's key), reduce-scattered into the shards'
         ``.grad``."""
-        flats = self.flats()
-        groups = [(f, f.params, f.layout) for f in flats]
-        targets = {f: ParamShardTarget(f.shard, f.layout.shard_range(self.rank)[0])
-                   for f in flats}
+        flats, mp = self.flats(), self.precision
+        groups, targets = [], {}
+        for f in flats:
+            layout, lo = f.layout, f.layout.shard_range(self.rank)[0]
+            reduce = f.dtype if mp.reduce_dtype is None else mp.reduce_dtype
+            if reduce != f.dtype or f.offload:  # buckets in reduce_dtype, on the device
+                summed = np.dtype(np.float32) if reduce.name == "bfloat16" else reduce
+                layout = FlatLayout(f.shapes, parts=self.size)
+                layout.dtype = summed
+                grad_dtype = reduce if mp.keep_low_precision_grads else f.dtype
+                targets[f] = ShardGrad(f, lo, summed, grad_dtype,
+                                       round_to=reduce if summed != reduce else None)
+            else:
+                targets[f] = ParamShardTarget(f.shard, lo)
+            groups.append((f, f.params, layout))
         return ParamAndGradBuffer(
             [p for f in flats for p in f.params], [n for f in flats for n in f.names],
             self.comm, who="FullyShardedDataParallel", groups=groups, bucket_mb=None,
@@ -223,6 +254,8 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
             if grad:
                 self.open_grads(unit)
         self._chaining, self._last_unit_out = grad, None
+        if self.precision.cast_root_forward_inputs:
+            args, kwargs = cast_inputs(self.precision.param_dtype, args, kwargs)
         try:
             out = self.module(*args, **kwargs)
         except BaseException:
@@ -341,7 +374,7 @@ class FullyShardedDataParallel(NoSync, ShardedState, Module):
         state_dict methods; free the communicator (collective)."""
         self.buffer.close()
         for f in self.flats():
-            f.gather()
+            f.gather(exact=True)
             for p in f.params:
                 p.grad = None
                 release(p)  # the full array is the parameter's own again
