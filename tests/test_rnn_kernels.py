@@ -82,7 +82,7 @@ def test_float32_kernels_match_the_float64_xp_code(shape, reverse, bias):
         scale = np.abs(b).max()
         # within a few float32 roundings of the float64 result, as the xp code in float32
         assert np.abs(a - b).max() <= 2e-6 * scale * shape[0], name
-        assert np.abs(a - b).max() <= 4 * np.abs(c - b).max() + 1e-7 * scale, name
+        assert np.abs(a - b).max() <= 4 * np.abs(c - b).max() + 5e-7 * scale, name
     assert np.abs(got[1]).max() > 0 and np.abs(got[4]).max() > 0  # gradients flowed
 
 

@@ -1,4 +1,4 @@
-"""DistributedDataParallel with ``flat_params=True``: every parameter a view
+"""DistributedDataParallel with ``flat_params=True`` (its default): every parameter a view
 of one flat array, every ``.grad`` a view of the buffer's flat gradient
 array, so an optimizer steps the whole model in one update call
 (``optim._flat_runs``). The oracle: a plain DDP copy (separate arrays)
@@ -19,7 +19,7 @@ def test_ddp_flat_params_step_in_one_call_like_the_per_parameter_path():
     sn.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(),
                           nn.Linear(5, 2))
-    ref = parallel.DataParallel(copy.deepcopy(model))
+    ref = parallel.DataParallel(copy.deepcopy(model), flat_params=False)
     ddp = parallel.DataParallel(model, flat_params=True)
     flat = ddp.buffer.param_flats[np.dtype(np.float64)]
     params, ref_params = list(model.parameters()), list(ref.module.parameters())

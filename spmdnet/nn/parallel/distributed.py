@@ -15,7 +15,6 @@ different numbers of batches; ``allreduce_gradients`` (also
 average gradients.
 """
 from ... import distributed as dist
-from ..._owned_storage import release
 from ...autograd import is_grad_enabled
 from ...backend import is_cupy_array, xp_of
 from ...distributed.bucket_collectives import choose_mode
@@ -44,7 +43,7 @@ class DistributedDataParallel(NoSync, Module):
     ``last_exposed_comm_s`` is the time the last backward waited for
     communication after its computation had finished.
 
-    ``flat_params`` (default False): each dtype's parameters become views of
+    ``flat_params`` (default True): each dtype's parameters become views of
     one flat array, so with the gradients' flat array (always) an optimizer
     steps them in one call (``optim._flat_runs``); ``p.data = t`` still
     rebinds a parameter (it then steps alone).
@@ -75,7 +74,7 @@ class DistributedDataParallel(NoSync, Module):
                  gradient_as_bucket_view=False, static_graph=False,
                  delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
                  mixed_precision=None, device_mesh=None, *, comm=None, bucket_mb=None,
-                 overlap="auto", nonfinite="ignore", flat_params=False):
+                 overlap="auto", nonfinite="ignore", flat_params=True):
         _check_torch_arguments(device_ids, mixed_precision, device_mesh,
                                delay_all_reduce_named_params, param_to_hook_all_reduce)
         if process_group is not None and comm is not None:
@@ -107,12 +106,9 @@ class DistributedDataParallel(NoSync, Module):
             [p for _, p in named], [n for n, _ in named], self.comm, who="DataParallel",
             reduction=AllReduce(self.size), bucket_mb=bucket_mb, mode=self.overlap,
             nonfinite=self.nonfinite, enabled=lambda: self.require_backward_grad_sync,
-            on_finish=self._after_reduction, flat_params=flat_params)
-        if flat_params:
             # PyTorch's DDP owns no parameter storage: ``p.data = t`` stays
-            # allowed and moves that parameter out of the flat array
-            for _, p in named:
-                release(p)
+            # allowed (claim=False) and moves that parameter out of the flat array
+            on_finish=self._after_reduction, flat_params=flat_params, claim=False)
         self._broadcast_state()
         self._joining, self._join_iterations = False, 0
         self.last_exposed_comm_s = 0.0
