@@ -104,32 +104,30 @@ class Work:
 
 class Chained:
     """A work, then the work ``start_next()`` starts once the first is done:
-    when a ``test`` finds it done (so the second overlaps too), or in ``wait``."""
+    when a ``test`` finds it done (so the second overlaps too), or in ``wait``.
+    The first's ``guarded`` step (numbering, check) runs in ``wait``, the
+    point every rank reaches in the same order; a ``test`` that finds it
+    done (at a moment that differs between ranks) only completes it."""
 
     def __init__(self, first, start_next):
         self.first, self.start_next, self.second = first, start_next, None
-        self.waited = 0.0
 
     @property
     def request(self):  # the request in flight now (``BucketComm.progress`` tests it)
         return (self.first if self.second is None else self.second).request
 
-    def _advance(self):
-        if self.second is None:
-            self.waited += self.first.wait()
-            self.second = self.start_next()
-
     def test(self):
         if self.second is None:
             if not self.first.test():
                 return False
-            self._advance()
+            self.second = self.start_next()
         return self.second.test()
 
     def wait(self):
-        self._advance()
-        waited, self.waited = self.waited + self.second.wait(), 0.0
-        return waited
+        waited = self.first.wait()
+        if self.second is None:
+            self.second = self.start_next()
+        return waited + self.second.wait()
 
     def then(self, start_next):
         return Chained(self, start_next)

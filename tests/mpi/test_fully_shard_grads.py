@@ -84,6 +84,9 @@ def test_reduce_scatters_start_at_post_backward_and_complete_at_backward_end(mon
         real = getattr(BucketComm, method)
         monkeypatch.setattr(BucketComm, method, lambda *a, _real=real, **k: (
             events.append("start"), _real(*a, **k))[1])
+    real_all_reduce = BucketComm.all_reduce  # each unit's vote on which parameters got grads
+    monkeypatch.setattr(BucketComm, "all_reduce", lambda *a, **k: (
+        events.append("vote"), real_all_reduce(*a, **k))[1])
     real_wait = bucket_collectives.Work.wait
     monkeypatch.setattr(bucket_collectives.Work, "wait",
                         lambda self: events.append("wait") or real_wait(self))
@@ -95,8 +98,9 @@ def test_reduce_scatters_start_at_post_backward_and_complete_at_backward_end(mon
     events.clear()
     loss.backward()
     starts = [i for i, e in enumerate(events) if e == "start"]
-    # two blocks (each: a float64 and a float32 group) and the root
-    assert len(starts) == 2 * 2 + 1 and events.count("wait") == len(starts)
+    # two blocks (each: a float64 and a float32 group) and the root; one vote per unit
+    assert len(starts) == 2 * 2 + 1 and events.count("vote") == 3
+    assert events.count("wait") == len(starts) + 3
     # the last block's reduce-scatters travel while the first block gathers and
     # runs its backward; every wait comes after the last start
     assert starts[0] < max(i for i, e in enumerate(events) if e == "gather")

@@ -15,8 +15,20 @@ all-reduced over the replicate group; the sum over all ranks is divided by
 their number (``reductions.average``). ``PieceTargets`` then hands each
 parameter its piece: cast to the shard's dtype, moved to where the shard
 lives (the host under ``CPUOffloadPolicy``) and added into its ``.grad``
-(accumulating, as ``.grad`` does). A parameter that got no gradient keeps
-its ``.grad``.
+(accumulating, as ``.grad`` does). Every rank starts the same units'
+reductions (``_fsdp_state`` decides from what every rank shares), zeros
+where no gradient arrived on this rank, so a parameter that got a gradient
+on some rank gets the mean on every rank, a rank whose forward did not
+reach it included (as in DataParallel). Which did is agreed by a small
+all-reduce started with the unit's reduction (``Votes``); a parameter no
+rank's backward reached keeps its ``.grad`` (None stays None, as PyTorch).
+
+All units' reductions over one communicator share one ``BucketComm``
+(``channel``) on a duplicate of it (``runtime.dup``): their collectives
+never interleave with the all-gathers on the mesh's communicator, and in
+"thread" mode (GPU buffers) one communication thread per communicator runs
+them in start order. ``release`` ends a user's hold; the thread stops when
+none is left (and at exit).
 
 The units' reductions in flight form one sequence per process, in start
 order (``IN_FLIGHT``): polled from the gradient hooks (MPICH progresses
@@ -25,6 +37,10 @@ is freed early) and finished in that order, stopping at the first not done,
 so every rank starts the collectives that follow a reduce-scatter (HSDP's
 all-reduce) in the same order.
 """
+import atexit
+
+import numpy as np
+
 from ..._tensor import Tensor
 from ...backend import device_of, is_cupy_array
 from ...parallel._common.flat import ChunkLayout
@@ -35,33 +51,98 @@ from ..bucket_collectives import BucketComm, choose_mode
 from ._fsdp_storage import on_device
 
 
+class Votes:
+    """Which of a unit's trainable parameters got a gradient on some rank
+    since the last delivery: this rank's (``pending``) summed over the mesh
+    by an all-reduce started just before the unit's reduce-scatter (the same
+    point on every rank), read when the reduction finishes."""
+
+    def __init__(self, entries, bc, replicate):
+        self.index = {id(e.full): i for i, e in enumerate(entries)}
+        self.bc, self.replicate = bc, replicate
+        self.pending, self.counts, self.work = set(), None, None
+
+    def got(self, fulls):
+        self.pending |= {id(f) for f in fulls if id(f) in self.index}
+
+    def start(self):
+        counts = np.zeros(len(self.index))
+        counts[[self.index[k] for k in self.pending]] = 1
+        self.pending, self.counts = set(), counts
+        label = "allreduce(fully_shard: which parameters got gradients)"
+        work = self.bc.all_reduce(counts, label)
+        if self.replicate is not None:
+            work = work.then(lambda: self.replicate.all_reduce(counts, label))
+        self.work = work
+
+    def reached(self, full):
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.counts[self.index[id(full)]] > 0
+
+
 class PieceTargets:
     """Where one layout group's reduced shard goes: each of ``entries``'
-    piece, into its shard's ``.grad``. ``pending``: ids of the full
-    Parameters that had a gradient since the last delivery."""
+    piece, into its shard's ``.grad`` when some rank's gradient reached it
+    (``votes``); the pieces wait in ``held`` until the reduction finishes."""
 
     fresh = False  # the shard is received in the bucket's storage, then handed out
 
-    def __init__(self, entries, layout, rank):
-        self.entries, self.layout, self.rank = entries, layout, rank
+    def __init__(self, entries, layout, rank, votes):
+        self.entries, self.layout, self.rank, self.votes = entries, layout, rank, votes
         self.lo = layout.shard_range(rank)[0]
-        self.pending = set()
+        self.held = []
 
     def add(self, at, shard):
-        for i, e in enumerate(self.entries):
-            if id(e.full) not in self.pending:
-                continue
+        for i, e in enumerate(self.entries):  # copies: the bucket's storage is handed back
             piece = on_device(self.layout.piece(shard, i, self.rank), device_of(e.shard.array))
-            if e.shard.grad is None:  # a copy: the bucket's storage is handed back
-                e.shard.grad = Tensor(piece.astype(e.shard.array.dtype, order="C"))
-            else:
-                e.shard.grad.array += piece
+            self.held.append((e, piece.astype(e.shard.array.dtype, order="C", copy=True)))
 
     def delivered(self):
         pass
 
     def finished(self):
-        self.pending = set()
+        held, self.held = self.held, []
+        for e, piece in held:
+            if not self.votes.reached(e.full):
+                continue
+            if e.shard.grad is None:
+                e.shard.grad = Tensor(piece)
+            else:
+                e.shard.grad.array += piece
+
+
+class Channels:
+    """One shared ``BucketComm`` per (communicator, mode), on a duplicate of
+    the communicator made on first use (``dup`` is collective: every rank
+    builds the same units in the same order). ``users`` counts the holds;
+    at zero the communication thread stops (a later use starts it again)."""
+
+    def __init__(self):
+        self.comms, self.users = {}, {}
+
+    def get(self, comm, mode):
+        key = (id(comm), mode)
+        if key not in self.comms:
+            self.comms[key] = (comm, BucketComm(runtime.dup(comm), mode))
+        self.users[key] = self.users.get(key, 0) + 1
+        return self.comms[key][1]
+
+    def release(self, bc):
+        for key, (_, held) in self.comms.items():
+            if held is bc:
+                self.users[key] -= 1
+                if self.users[key] <= 0:
+                    bc.close()
+
+    def close(self):
+        for _, bc in self.comms.values():
+            bc.close()
+
+
+CHANNELS = Channels()
+atexit.register(CHANNELS.close)
 
 
 def check_reducible(dtype, what):
@@ -72,8 +153,10 @@ def check_reducible(dtype, what):
 
 def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
     """The ``ParamAndGradBuffer`` of one unit's full parameters (``entries``
-    with ``full`` built and trainable) and its targets ``{key: PieceTargets}``."""
-    size, rank = shard_comm.Get_size(), shard_comm.Get_rank()
+    with ``full`` built and trainable), its ``Votes`` and the replicate
+    group's ``BucketComm`` (HSDP; else None)."""
+    parts, rank = shard_comm.Get_size(), shard_comm.Get_rank()
+    size = parts  # the ranks whose gradients are averaged
     on_gpu = any(is_cupy_array(e.full.array) for e in entries)
     mode = choose_mode("auto", on_gpu, runtime.world().thread_multiple)
     by_dtype = {}
@@ -81,16 +164,18 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
         dtype = reduce_dtype if reduce_dtype is not None else e.full.array.dtype
         check_reducible(dtype, f"the gradient of {name}")
         by_dtype.setdefault(dtype, []).append((e, name))
+    replicate = None
+    if replicate_comm is not None and replicate_comm.Get_size() > 1:
+        replicate = CHANNELS.get(replicate_comm, mode)
+        size *= replicate_comm.Get_size()
+    bc = CHANNELS.get(shard_comm, mode)
+    votes = Votes(entries, bc, replicate)
     groups, targets = [], {}
     for dtype, members in by_dtype.items():
         layout = ChunkLayout([e.full.array.shape for e, _ in members],
-                             [e.dim for e, _ in members], size, dtype)
+                             [e.dim for e, _ in members], parts, dtype)
         groups.append((dtype, [e.full for e, _ in members], layout))
-        targets[dtype] = PieceTargets([e for e, _ in members], layout, rank)
-    replicate = None
-    if replicate_comm is not None and replicate_comm.Get_size() > 1:
-        replicate = BucketComm(replicate_comm, mode)
-        size *= replicate_comm.Get_size()
+        targets[dtype] = PieceTargets([e for e, _ in members], layout, rank, votes)
     reduction = ReduceScatter(size=size, label="fully_shard gradient", targets=targets,
                               then_allreduce=replicate)
     members = [m for ms in by_dtype.values() for m in ms]
@@ -98,7 +183,10 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
         [e.full for e, _ in members], [n for _, n in members], shard_comm, who="fully_shard",
         reduction=reduction, groups=groups, bucket_mb=None, grads="transient", start="call",
         mode=mode)
-    return buffer, targets, replicate
+    # the buffer's own BucketComm (never used, so it started no thread) gives
+    # way to the one all units share
+    buffer.bc = bc
+    return buffer, votes, replicate
 
 
 class InFlight:
@@ -121,6 +209,10 @@ class InFlight:
     def finish_through(self, buffer):
         """Finish every buffer started before ``buffer``, then ``buffer``."""
         while buffer in self.buffers:
+            self.buffers.pop(0).finish()
+
+    def finish_all(self):
+        while self.buffers:
             self.buffers.pop(0).finish()
 
 

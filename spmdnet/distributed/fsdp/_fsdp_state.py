@@ -11,27 +11,34 @@ Unit life in a training step (PyTorch's FSDP2 order):
   that are views of the storage are copied. When the unit reshards after
   forward, the storage's memory is then released (the graph's saved arrays
   are views of it and stay valid) and the shards are registered again.
-- post-backward: once every parameter the unit's outputs reach in the graph
-  has its final gradient (post-accumulate-grad hooks), the gradients'
-  reduce-scatter starts (``_fsdp_grads``: the unit's ``ParamAndGradBuffer``)
-  and the storage is released again; the end-of-backward callback completes
-  the reduction (so it overlaps the earlier units' backward). A unit with
-  frozen parameters (whose operations may still need them after the
-  others' gradients are final), or whose gradients came otherwise, does
-  that in the end-of-backward callback instead, which also reshards a unit
-  left gathered.
+- post-backward: every unit with trainable parameters that ran a forward
+  with grad enabled starts its gradients' reduce-scatter (``_fsdp_grads``:
+  the unit's ``ParamAndGradBuffer``, zeros where no gradient arrived) on
+  every rank, in the reverse order of the units' first such forward
+  (``Backward``): which gradients arrived depends on this rank's data, so
+  it decides neither whether nor when in that order a unit's collective
+  starts. A unit whose parameters the graph reaches from its outputs all
+  have their final gradients (post-accumulate-grad hooks) is ready: it
+  starts (and its storage is released) as soon as every unit after it in
+  forward order has started, so it overlaps the earlier units' backward;
+  the end-of-backward callback starts the rest in that order, reshards any
+  unit left gathered and completes the reductions. A unit with frozen
+  parameters (whose operations may still need them after the others'
+  gradients are final) is never ready before the end of backward.
 - ``reshard_after_forward=k`` (an int): after forward each rank keeps its
   1/k piece of every full parameter (``torch.chunk`` pieces within its
   group of k consecutive shard ranks) and backward all-gathers from that
   group only.
 """
+import weakref
+
 from ... import autograd
 from ..._tensor import Tensor
 from ...autograd import Function
 from ...nn.parameter import Parameter
 from ..tensor._api import gather_dim
 from ..tensor._placements import chunk_bounds
-from ._fsdp_grads import IN_FLIGHT, unit_buffer
+from ._fsdp_grads import CHANNELS, IN_FLIGHT, unit_buffer
 from ._fsdp_storage import UnshardedStorage, on_device
 
 
@@ -69,6 +76,59 @@ def tensors_in(value):
     return found
 
 
+class Backward:
+    """The units that ran a forward with grad enabled since the last
+    backward ended: ``order`` (those with trainable parameters, in the order
+    of their first such forward: the same on every rank, as the forwards'
+    all-gathers are collective) and ``held`` (all of them); ``ready``: the
+    units of ``order`` whose gradients are final on this rank."""
+
+    def __init__(self):
+        self.order, self.held, self.ready, self.queued = [], [], set(), False
+
+    def ran(self, state):
+        if state not in self.held:
+            self.held.append(state)
+            if state.trainable:
+                self.order.append(state)
+
+    def queue(self):
+        if not self.queued:
+            self.queued = True
+            autograd.queue_callback(self.end)
+
+    def mark_ready(self, state):
+        """Start the reductions of the ready units at the end of ``order``."""
+        if state not in self.order:
+            return
+        self.ready.add(state)
+        while self.order and self.order[-1] in self.ready:
+            unit = self.order.pop()
+            self.ready.discard(unit)
+            unit.post_backward()
+
+    def end(self):
+        """End of backward: the units not started yet start (in order), a
+        unit left gathered reshards, every reduction completes."""
+        order, held = self.order, self.held
+        self.order, self.held, self.ready, self.queued = [], [], set(), False
+        for state in reversed(order):
+            state.post_backward()
+        for state in held:
+            state.expected, state.arrived = set(), set()
+            if state.filled:
+                state.post_backward(start=False)
+        IN_FLIGHT.finish_all()
+
+
+BACKWARD = Backward()
+
+
+def _release(channels):
+    for bc in channels:
+        CHANNELS.release(bc)
+
+
 class PreBackward(Function):
     """Identity on a unit's output; its backward gathers the unit's
     parameters (once per backward) before the unit's operations need them."""
@@ -91,13 +151,13 @@ class FSDPState:
         self.replicate_comm = replicate_comm
         self.reduce_dtype = mp_policy.reduce_dtype if mp_policy.reduce_dtype is not None \
             else mp_policy.param_dtype
-        self.buffer = self.targets = self.replicate = None  # the gradients' (see _build)
+        self.buffer = self.votes = self.replicate = None  # the gradients' (see _build)
         self.storage = None
         self.filled = False  # the storage holds the gathered parameters
         self.sync, self.root = True, False
         self.expected, self.arrived = set(), set()  # id(full): gradients due, come
         self.eager = False  # post-backward as soon as the gradients are final (see _build)
-        self.queued = False  # the end-of-backward callback
+        self.trainable = any(e.shard.requires_grad for e in entries)
         self.inputs = set()  # id of the forward's input tensors: where the graph walk stops
 
     # -- parameters --------------------------------------------------------------------
@@ -112,9 +172,11 @@ class FSDPState:
                 e.full.register_post_accumulate_grad_hook(self._grad_ready)
         trainable = [e for e in self.entries if e.full.requires_grad]
         if trainable:
-            self.buffer, self.targets, self.replicate = unit_buffer(
+            self.buffer, self.votes, self.replicate = unit_buffer(
                 trainable, [self._name(e) for e in trainable], self.shard_comm,
                 self.replicate_comm, self.reduce_dtype)
+            channels = [self.buffer.bc] + ([self.replicate] if self.replicate else [])
+            weakref.finalize(self, _release, channels)
 
     def _name(self, entry):
         paths = {id(m): path for path, m in self.module.named_modules()}
@@ -160,7 +222,11 @@ class FSDPState:
 
     # -- forward ------------------------------------------------------------------------
     def pre_forward(self, args, kwargs, root):
-        self.root, self.queued = root, False  # (a backward that raised left it set)
+        self.root = root
+        if root:  # (a backward that raised left it set)
+            BACKWARD.queued = False
+        if self.entries and autograd.is_grad_enabled():
+            BACKWARD.ran(self)
         for e in self.entries:  # the shards may have changed since a forward kept pieces
             e.kept = None
         self.unshard()
@@ -214,9 +280,7 @@ class FSDPState:
         self._queue()
 
     def _queue(self):
-        if not self.queued:
-            self.queued = True
-            autograd.queue_callback(self._final)
+        BACKWARD.queue()
 
     def _grad_ready(self, full):
         if not self.filled:
@@ -231,36 +295,26 @@ class FSDPState:
         self._queue()
         IN_FLIGHT.poll()
         if self.eager and self.filled and self.expected and self.expected <= self.arrived:
-            self.post_backward()
+            BACKWARD.mark_ready(self)
 
-    def post_backward(self):
-        """The unit's gradients are final: their reduce-scatter starts (without
-        gradient sync they are kept, unreduced, in the buffer's storage, and
-        later ones add to them); the storage is released."""
+    def post_backward(self, start=True):
+        """The unit's gradients are final: with ``start`` (every rank calls
+        it for the same units in the same order, see ``Backward``) their
+        reduce-scatter starts, zeros for gradients that did not arrive on
+        this rank; without gradient sync (or ``start``) this rank's
+        gradients are kept, unreduced, in the buffer's storage, and later
+        ones add to them. The storage is released."""
         self.expected, self.arrived = set(), set()
         if self.buffer is not None:
             # a second post-backward in one backward (a unit run twice): the
             # first reduction lands before the new gradients are collected
             IN_FLIGHT.finish_through(self.buffer)
-            got = {id(e.full) for e in self.entries
-                   if e.full is not None and e.full.grad is not None}
-            for target in self.targets.values():
-                target.pending |= got
-            due = any(t.pending for t in self.targets.values())
-            if self.sync and due:
+            got = [e.full for e in self.entries if e.full is not None and e.full.grad is not None]
+            self.votes.got(got)
+            if self.sync and start:
+                self.votes.start()
                 self.buffer.start(self.buffer.buckets)
                 IN_FLIGHT.started(self.buffer)
             elif got:
                 self.buffer.collect(self.buffer.buckets)
         self.reshard()
-
-    def _final(self):
-        """End of backward: a unit left gathered gets its post-backward, and
-        the reduction started in this backward completes."""
-        self.queued = False
-        grads = any(e.full is not None and e.full.grad is not None for e in self.entries)
-        if self.filled or (self.sync and grads):
-            self.post_backward()
-        self.expected, self.arrived = set(), set()
-        if self.buffer is not None:
-            IN_FLIGHT.finish_through(self.buffer)

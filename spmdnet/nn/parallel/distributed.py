@@ -46,7 +46,8 @@ class DistributedDataParallel(NoSync, Module):
     ``flat_params`` (default True): each dtype's parameters become views of
     one flat array, so with the gradients' flat array (always) an optimizer
     steps them in one call (``optim._flat_runs``); ``p.data = t`` still
-    rebinds a parameter (it then steps alone).
+    rebinds a parameter (it then steps alone), and parameters sharing storage
+    (``b.weight.data = a.weight.data``) keep it: they stay out of the flat array.
 
     ``nonfinite``: "ignore" (default, no check), "raise" (NonFiniteError on
     every rank naming the rank, parameter and step) or "skip" (every rank

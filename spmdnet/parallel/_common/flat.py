@@ -12,6 +12,11 @@ Parameters are grouped into layouts by ``dtype_groups`` (one per dtype)
 and into buckets by ``assign_buckets`` (whole parameters, one dtype each,
 at most a byte cap), shared by DataParallel and ZeRO-2.
 
+``flatten_params`` copies each group's parameters into one flat array and
+rebinds them to their views there (``flat_params``), except those that
+``tied_params`` finds sharing storage (``shared_storage``: byte ranges that
+overlap): copies would untie them.
+
 ``ChunkLayout`` is the per-parameter sharding's layout (``fully_shard``):
 every array is cut along its own dimension into ``torch.chunk`` pieces, and
 shard r holds piece r of each array, one after the other, every piece
@@ -21,6 +26,8 @@ it has no views: arrays are copied in (``put``) and pieces read out
 """
 import math
 from itertools import accumulate
+
+from ...backend import is_cupy_array, xp_of
 
 MB = 1024 * 1024
 FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
@@ -190,3 +197,60 @@ def dtype_groups(params, parts):
         by_dtype.setdefault(p.array.dtype, []).append(p)
     return [(dtype, group, FlatLayout([p.array.shape for p in group], parts))
             for dtype, group in by_dtype.items()]
+
+
+def _byte_range(a):
+    """(memory, lo, hi): the bytes ``a`` may touch, its elements' lowest
+    address to past its highest (strides may be negative or zero)."""
+    if is_cupy_array(a):
+        where, ptr = ("cuda", a.device.id), a.data.ptr
+    else:
+        where, ptr = ("host", 0), a.__array_interface__["data"][0]
+    lo = ptr + sum((n - 1) * st for n, st in zip(a.shape, a.strides) if st < 0)
+    hi = ptr + sum((n - 1) * st for n, st in zip(a.shape, a.strides) if st > 0) + a.itemsize
+    return where, lo, hi
+
+
+def shared_storage(arrays):
+    """``{i: j}``: for each array ``i`` whose byte range overlaps another's,
+    one such ``j`` (both ways). Ranges, not elements (NumPy's
+    ``may_share_memory``): interleaved views of one array count as shared.
+    Sorted by start address, so n log n rather than every pair."""
+    ranges = sorted((*_byte_range(a), i) for i, a in enumerate(arrays) if a.size)
+    shared, reach = {}, None  # reach: (memory, highest end so far, its array)
+    for where, lo, hi, i in ranges:
+        if reach is not None and reach[0] == where and lo < reach[1]:
+            shared.setdefault(i, reach[2])
+            shared.setdefault(reach[2], i)
+        if reach is None or reach[0] != where or hi > reach[1]:
+            reach = (where, hi, i)
+    return shared
+
+
+def tied_params(params, names, who, refuse=False):
+    """The ids of the parameters whose storage another of ``params`` shares
+    (``refuse``: a ValueError naming the first such pair instead)."""
+    shared = shared_storage([p.array for p in params])
+    if refuse and shared:
+        i = min(shared)
+        raise ValueError(f"{who}: {names[i]} and {names[shared[i]]} share storage; each "
+                         "would become its own view of the flat array, untying them "
+                         "(give each parameter its own storage)")
+    return {id(params[i]) for i in shared}
+
+
+def flatten_params(groups, keep_out=()):
+    """``{key: flat}`` for ``groups`` (``[(key, params, FlatLayout)]``): each
+    group's parameters copied into one new zero-padded flat array, and each
+    parameter's array rebound to its view there (those whose id is in
+    ``keep_out`` keep their own array; their places stay zero)."""
+    flats = {}
+    for key, group, layout in groups:
+        xp = xp_of(group[0].array)
+        flats[key] = flat = layout.pack(
+            xp.zeros(layout.padded_numel, group[0].array.dtype),
+            [None if id(p) in keep_out else p.array for p in group])
+        for p, view in zip(group, layout.views(flat)):
+            if id(p) not in keep_out:
+                p.array = view  # from now on updated in place (optimizer, all-gather)
+    return flats

@@ -11,7 +11,8 @@ them instead (FSDP: one per flat shard, with the flat's own layout;
 group (``param_flats``; ZeRO updates and all-gathers them in place, and a
 fused optimizer can step on them in one pass), claimed so ``p.data = t`` is
 refused while it holds them (``claim=False``: not claimed; whoever rebinds
-a parameter's data then takes it out of the flat array).
+a parameter's data then takes it out of the flat array). Parameters sharing
+storage stay out (copies would untie them), or with ``claim`` are refused.
 
 With a ``reduction`` (``reductions.AllReduce`` for DataParallel,
 ``reductions.ReduceScatter`` for ZeRO-2 and FSDP) the gradients are
@@ -57,7 +58,7 @@ from ...autograd.grad_placement import grad_home, place_grad
 from ...backend import is_cupy_array, xp_of
 from ...distributed.bucket_collectives import BucketComm
 from .bucket import Bucket
-from .flat import assign_buckets, bucket_bytes, dtype_groups
+from .flat import assign_buckets, bucket_bytes, dtype_groups, flatten_params, tied_params
 from .wrapping import agree_nonfinite, nonfinite_names
 
 PLACED_ELSEWHERE = ("{who}: parameter {name} already has its gradient placed by another "
@@ -146,16 +147,11 @@ class ParamAndGradBuffer:
         return buckets
 
     def _flatten_params(self, claim_names, claiming):
-        claim_name = {id(p): n for p, n in zip(self.params, claim_names)}
-        for key, group, layout in self.groups:
-            xp = xp_of(group[0].array)
-            flat = layout.pack(xp.zeros(layout.padded_numel, group[0].array.dtype),
-                               [p.array for p in group])
-            self.param_flats[key] = flat
-            for p, view in zip(group, layout.views(flat)):
-                p.array = view  # from now on updated in place (optimizer, all-gather)
-                if claiming:
-                    self.claim(p, f"{claim_name[id(p)]} of {self.who}")
+        shared = tied_params(self.params, claim_names, self.who, refuse=claiming)
+        self.param_flats = flatten_params(self.groups, keep_out=shared)
+        if claiming:
+            for p, name in zip(self.params, claim_names):
+                self.claim(p, f"{name} of {self.who}")
 
     def claim(self, tensor, owner):
         """Claim one more tensor over this buffer's storage (a shard Parameter)."""
