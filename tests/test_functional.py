@@ -347,6 +347,44 @@ def test_activation_values_from_the_docs():
     np.testing.assert_allclose(F.softplus(sn.tensor([30.0]), threshold=20).numpy(), [30.0])
 
 
+# PyTorch 2.13's observed relu at the special values: -0.0 and NaN pass, the
+# gradient passes at a NaN input, and a dead unit gives 0 even where the upstream
+# gradient is inf or NaN (selected, not multiplied)
+RELU_X = [-0.0, 0.0, np.nan, np.inf, -np.inf, -1.0, 1.0]
+RELU_Y = [-0.0, 0.0, np.nan, np.inf, 0.0, 0.0, 1.0]
+RELU_G = [np.nan, np.inf, np.nan, np.inf, np.nan, np.inf, np.nan]
+RELU_GX = [0.0, 0.0, np.nan, np.inf, 0.0, 0.0, np.nan]
+
+
+@pytest.mark.parametrize("mode", ["numba", "xp"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("path", ["relu", "sn.relu", "method", "linear_relu"])
+def test_relu_special_values_as_pytorch(path, dtype, mode):
+    with kernels.use(mode):
+        x = sn.tensor(np.array(RELU_X, dtype), requires_grad=True)
+        for g, want_gx in [(np.ones(7, dtype), [0, 0, 1, 1, 0, 0, 1]), (RELU_G, RELU_GX)]:
+            x.grad = None
+            if path == "linear_relu":  # the fused layer: in place over the product
+                y = F.linear(x[:, None], sn.ones(1, 1, dtype=x.dtype), activation="relu")[:, 0]
+            else:
+                y = {"relu": F.relu, "sn.relu": sn.relu}.get(path, sn.Tensor.relu)(x)
+            with np.errstate(invalid="ignore"):
+                y.backward(sn.tensor(np.array(g, dtype)))
+            assert y.dtype == x.dtype and x.grad.dtype == x.dtype
+            np.testing.assert_array_equal(y.detach().numpy(), np.array(RELU_Y, dtype))
+            if path != "linear_relu":  # there the product's sum decides -0.0's sign
+                np.testing.assert_array_equal(np.signbit(y.detach().numpy()),
+                                              np.signbit(RELU_Y))
+            np.testing.assert_array_equal(x.grad.numpy(), np.array(want_gx, dtype))
+
+
+def test_relu_keeps_integer_dtype():
+    with kernels.use("xp"):
+        y = F.relu(sn.tensor([-3, 0, 5]))
+    assert y.dtype == sn.int64
+    np.testing.assert_array_equal(y.numpy(), [0, 0, 5])
+
+
 # -- behaviour ----------------------------------------------------------------------------
 def test_both_import_paths_are_one_module():
     assert F is F_OLD is F_FROM is sn.nn.functional is sn.functional

@@ -54,17 +54,26 @@ def _ulps(got, want):
     return np.abs(got.astype(np.float64) - want) / spacing
 
 
-def test_tanh_within_8_ulp_of_float64_tanh():
+def _g_gate(x):
+    """tanh(x) as the forward kernel computes it (FMA contraction on): the g
+    gate of one step with H = 1, zero state and zero recurrent weights."""
+    xw = np.zeros((1, len(x), 4), np.float32)
+    xw[0, :, 2] = x
+    zero = np.zeros((len(x), 1), np.float32)
+    return rnn_cell.forward(xw, zero, zero, np.zeros((4, 1), np.float32), False)[0][0, :, 2]
+
+
+def test_tanh_in_the_forward_kernel_within_5_ulp_of_float64_tanh():
     x = np.concatenate([np.linspace(-12, 12, 48001), np.geomspace(1e-30, 1, 2000),
                         -np.geomspace(1e-30, 1, 2000)]).astype(np.float32)
-    got = np.array([rnn_cell._tanh(v) for v in x], np.float32)  # float32 values, boxed
+    got = _g_gate(x)
     want = np.tanh(x.astype(np.float64))
-    assert _ulps(got, want).max() <= 8
-    odd = np.array([rnn_cell._tanh(-v) for v in x], np.float32)
-    assert np.abs(got).max() <= 1 and np.array_equal(got, -odd)
-    special = np.array([np.inf, -np.inf, np.nan, 0.0], np.float32)
-    out = np.array([rnn_cell._tanh(v) for v in special], np.float32)
+    assert _ulps(got, want).max() <= 5  # 4.8 measured on a finer grid (rnn_cell.py)
+    assert np.abs(got).max() <= 1 and np.array_equal(got, -_g_gate(-x))
+    out = _g_gate(np.array([np.inf, -np.inf, np.nan, 0.0, 9.0, 9.005, 9.02], np.float32))
     assert out[0] == 1 and out[1] == -1 and np.isnan(out[2]) and out[3] == 0
+    # clamped at 9: float32 tanh is 0.99999994 up to about 9.01, then 1
+    assert _ulps(out[4:6], np.tanh(np.float64([9.0, 9.005]))).max() <= 1 and out[6] == 1
 
 
 @pytest.mark.parametrize("bias", [False, True])

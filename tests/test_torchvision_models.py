@@ -194,6 +194,14 @@ def test_relu6_and_hardtanh_clip_and_pass_gradients_strictly_inside(dtype):
         np.testing.assert_array_equal(y.detach().numpy(), np.array(want, dtype))
         np.testing.assert_array_equal(x.grad.numpy(), np.array(want_grad, dtype))
     assert repr(sn.nn.ReLU6(inplace=True)) == "ReLU6(inplace=True)"
+    # PyTorch 2.13's reprs; inplace=True computes out of place, as relu's (docs/PYTORCH.md)
+    assert repr(sn.nn.Hardtanh(-2, 2, inplace=True)) == \
+        "Hardtanh(min_val=-2, max_val=2, inplace=True)"
+    assert repr(sn.nn.Hardtanh()) == "Hardtanh(min_val=-1.0, max_val=1.0)"
+    x = sn.tensor([-3.0, 7.0])
+    for y in (F.hardtanh(x, inplace=True), F.relu6(x, inplace=True),
+              sn.nn.Hardtanh(inplace=True)(x), F.relu(x, inplace=True)):
+        assert y is not x and x.tolist() == [-3.0, 7.0] and y.tolist()[0] in (-1.0, 0.0)
     with pytest.raises(ValueError, match=r"min_val \(2\) cannot be greater than max_val \(1\)"):
         sn.nn.Hardtanh(2, 1)
     with pytest.raises(ValueError, match="min_val"):

@@ -96,6 +96,21 @@ def test_resnet_layer_float32_close_to_float64():
         assert np.abs(got - want).max() <= 2e-6 * scale
 
 
+@pytest.mark.parametrize("copy_min_tiles", [0, 10**9])
+def test_forward_with_u_transposed_copied_or_viewed(monkeypatch, copy_min_tiles):
+    """The forward's GEMMs on Uᵀ copied contiguous (from
+    ``winograd.UT_COPY_MIN_TILES`` tiles) or on its transposed view, over
+    several blocks with a short last one: the definition's numbers both ways."""
+    monkeypatch.setattr(winograd, "UT_COPY_MIN_TILES", copy_min_tiles)
+    monkeypatch.setattr(winograd, "BLOCK_VALUES", 40)
+    rng = np.random.default_rng(7)
+    x, w, b = (rng.standard_normal(s) for s in ((5, 3, 5, 6), (4, 3, 3, 3), (4,)))
+    pads = ((1, 1), (1, 1))
+    got, _ = winograd.forward(x, w, b, pads, (5, 6))
+    np.testing.assert_allclose(got, conv2d_loops(x, w, b, (1, 1), pads, (1, 1), 1),
+                               rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("xs,o,padding,by_rows", [
     ((2, 32, 5, 6), 33, 1, False), ((3, 40, 4, 3), 32, (2, 0), False),
     ((2, 16, 5, 17), 17, 1, True), ((1, 17, 4, 18), 16, (0, 2), True)])

@@ -8,13 +8,13 @@ NumPy's ``sum(axis=0)``). The gelu ops use them without bias.
 
 What is saved works with the xp reference (``ops.unary.act_forward`` and
 ``act_backward``) too: the output for sigmoid; for relu the output (xp) or
-the mask output > 0 (a quarter of the bytes); (input, Φ(input)) for gelu,
+the mask of live units, not (output <= 0) (a quarter of the bytes); (input, Φ(input)) for gelu,
 (input, tanh(...)) for gelu_tanh. Which ops use them: dispatch.py. tanh
-and sigmoid forward and tanh backward had kernels that no table row took
-(NumPy's own loops were as fast): removed. The relu op's out-of-place
-forward is a kernel: NumPy 2.4's ``maximum`` (NaN-propagating) runs at a
-third of a plain copy's speed (0.17 against 0.04 ms on ResNet's 2 MB
-activation, 1 thread), and ``g * (y > 0)`` makes a mask first.
+and sigmoid forward and tanh backward have no kernel: NumPy's own loops are
+as fast. The relu op's out-of-place forward is a kernel: NumPy 2.4's
+``maximum`` (NaN-propagating) runs at a third of a plain copy's speed (0.17
+against 0.04 ms on ResNet's 2 MB activation, 1 thread), and a masked
+backward in NumPy makes the mask first.
 """
 import functools
 import math
@@ -50,12 +50,16 @@ def _constants(dtype):
 # c holds _CONSTANTS in the arrays' dtype; the formulas follow ops.unary's.
 @njit_inline
 def _relu(v, c):
-    return (c[0] if v < c[0] else v), v > c[0]  # NaN and -0.0 pass, as np.maximum
+    # NaN and -0.0 pass, as PyTorch's relu; the mask is "not dead" (True at NaN),
+    # so the gradient passes at a NaN input, as PyTorch's does
+    return (c[0] if v < c[0] else v), not (v <= c[0])
 
 
 @njit_inline
 def _relu_grad(g, y, aux, c):
-    return g * (c[1] if y > c[0] else c[0])  # y: the output, or the mask y > 0
+    # y: the output, or the mask; select, not multiply: a dead unit gives 0 even
+    # where g is inf or NaN (0 * inf is NaN), and a NaN output passes g, as PyTorch
+    return c[0] if y <= c[0] else g
 
 
 @njit_inline
@@ -222,7 +226,7 @@ def forward(x, bias=None, activation="relu", inplace=False):
     b = bias if bias is not None else xp.empty(0, x.dtype)
     b = b if b.flags.c_contiguous else xp.ascontiguousarray(b)
     c = _constants(x.dtype)
-    if activation == "relu" and inplace:  # saves a boolean mask (out > 0): backward
+    if activation == "relu" and inplace:  # saves a boolean mask not (out <= 0): backward
         # then streams 1 byte per element instead of 4 (act_backward accepts it too)
         mask = xp.empty(x.shape, np.bool_)
         if x.size:

@@ -76,8 +76,8 @@ def _fused(name, steps=("forward", "backward")):
 # Every op that asks, with its kernels. No kernel: tanh's forward is one
 # NumPy pass already; its backward and sigmoid's without a bias are
 # memory-bound passes that gain 1.4-2x; tanh and sigmoid forward use tanh or
-# exp, which NumPy's AVX-512 loops compute faster than special.py (those
-# kernels were removed: a kernel no row reaches is dead code). relu: NumPy
+# exp, which NumPy's AVX-512 loops compute faster than special.py, so they have
+# no kernel (a kernel no row reaches would be dead code). relu: NumPy
 # 2.4's maximum and g * (y > 0) measured 3-4x and 2.4-3x slower than the
 # kernels on ResNet-18's activations (b32, 16x32x32 to 128x4x4, 1 thread:
 # forward 0.165 against 0.043 ms, backward 0.126 against 0.052 at 16x32x32).
@@ -106,16 +106,16 @@ TABLE = {
                         "fused_backward": norm.batch_backward},
                        norm.batch_takes),
     "embedding": Rule({"backward": embedding.backward}),
-    # row-at-a-time attention kernels (no BLAS) measured 1.2x (T=64) to 11x
-    # (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py):
-    # removed; the op asks only for softmax rows (its CPU dropout mask is
-    # PyTorch's MT19937 draws, so the compiled Philox factors were removed too)
+    # attention has no kernel: row-at-a-time kernels (no BLAS) measure 1.2x (T=64)
+    # to 11x (T=1024) slower than the op's row-blocked xp path (benchmarks/attention.py);
+    # the op asks only for softmax rows (its CPU dropout mask is PyTorch's MT19937
+    # draws, so no compiled Philox factors)
     # benchmarks/cnn_step.py shapes, 1 thread: col2im of (C, kh, kw, N, Ho, Wo) columns,
     # a channel of a run of images at a time, 1.3 against 7.3-8.5 ms on ResNet's
     # 16-channel layer (the input gradient of Conv2d and the forward of
     # ConvTranspose2d); max pooling 0.2-0.3
-    # against 4.1 ms (pool1). An im2col kernel (2-4x slower
-    # than NumPy's copy of the strided view there) was removed: the op copies the view.
+    # against 4.1 ms (pool1). No im2col kernel: one measured 2-4x slower than
+    # NumPy's copy of the strided view there, so the op copies the view.
     # Direct stride-1 kernels (kernels/conv_direct.py, no columns) on few input
     # channels per group, where conv_direct_takes says so (1 thread, CPU time):
     # CIFAR conv1 (3->6 5x5, b64) forward 1.2-1.3 against 4.8-5.5 ms (columns +
@@ -131,7 +131,7 @@ TABLE = {
                     "winograd_backward": winograd.backward}),
     "max_pool2d": Rule({"forward": pool.max_pool_forward}),
     # nn.LSTM's recurrence in float32, one kernel per step (rnn_cell.takes): per step
-    # (N 20, H 200) the pointwise part forward 6.4 against NumPy's 20 us, backward 3.6
+    # (N 20, H 200) the pointwise part forward 5.5 against NumPy's 20 us, backward 2.4-3.6
     # against 9 (1 thread); float64 runs the xp code (NumPy's tanh)
     "lstm": Rule({"forward": rnn_cell.forward, "backward": rnn_cell.backward}, rnn_cell.takes),
     "sgd": Rule({"update": optim_kernels.sgd_update}, _contiguous),

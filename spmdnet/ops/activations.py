@@ -85,6 +85,8 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    """input clipped to [min_val, max_val]. ``inplace=True`` computes out of
+    place, as ``relu``'s (use the result; docs/PYTORCH.md)."""
     if min_val > max_val:
         raise ValueError(f"hardtanh: min_val ({min_val}) cannot be greater than max_val "
                          f"({max_val})")
@@ -92,4 +94,5 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
 
 
 def relu6(input, inplace=False):
+    """hardtanh on [0, 6]; ``inplace=True`` as hardtanh's."""
     return Hardtanh.apply(input, min_val=0.0, max_val=6.0)

@@ -143,7 +143,9 @@ def act_forward(name, a):
     overflows, unlike 1 / (1 + exp(-a))."""
     xp = xp_of(a)
     if name == "relu":
-        out = xp.maximum(a, 0)
+        # a where a >= 0 or NaN, else 0: -0.0 and NaN pass as PyTorch's (maximum
+        # turns -0.0 into +0.0); the zero is a's dtype, so nothing upcasts
+        out = xp.where(a < 0, a.dtype.type(0), a)
         return out, out
     if name == "tanh":
         out = xp.tanh(a)
@@ -162,7 +164,8 @@ def act_forward(name, a):
 def act_backward(name, g, saved):
     """The gradient before activation ``name``, given ``act_forward``'s saved."""
     if name == "relu":
-        return g * (saved > 0)
+        # select, not multiply: 0 where dead even when g is inf or NaN; g at a NaN output
+        return xp_of(g).where(saved <= 0, g.dtype.type(0), g)
     if name == "tanh":
         return g * (1 - saved * saved)
     if name == "sigmoid":

@@ -55,7 +55,11 @@ class Votes:
     """Which of a unit's trainable parameters got a gradient on some rank
     since the last delivery: this rank's (``pending``) summed over the mesh
     by an all-reduce started just before the unit's reduce-scatter (the same
-    point on every rank), read when the reduction finishes."""
+    point on every rank), read when the reduction finishes. On HSDP the
+    replicate group's sum follows, blocking, when it is read, on a channel
+    of its own: the gradients' all-reduces after their reduce-scatters
+    start when a poll finds those done, a moment that differs between ranks,
+    so nothing else may start on their channel meanwhile."""
 
     def __init__(self, entries, bc, replicate):
         self.index = {id(e.full): i for i, e in enumerate(entries)}
@@ -153,8 +157,8 @@ def check_reducible(dtype, what):
 
 def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
     """The ``ParamAndGradBuffer`` of one unit's full parameters (``entries``
-    with ``full`` built and trainable), its ``Votes`` and the replicate
-    group's ``BucketComm`` (HSDP; else None)."""
+    with ``full`` built and trainable), its ``Votes`` and the shared
+    ``BucketComm``s it holds (to ``CHANNELS.release``)."""
     parts, rank = shard_comm.Get_size(), shard_comm.Get_rank()
     size = parts  # the ranks whose gradients are averaged
     on_gpu = any(is_cupy_array(e.full.array) for e in entries)
@@ -169,7 +173,8 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
         replicate = CHANNELS.get(replicate_comm, mode)
         size *= replicate_comm.Get_size()
     bc = CHANNELS.get(shard_comm, mode)
-    votes = Votes(entries, bc, replicate)
+    votes = Votes(entries, bc, None if replicate is None else
+                  CHANNELS.get(replicate_comm, "none"))
     groups, targets = [], {}
     for dtype, members in by_dtype.items():
         layout = ChunkLayout([e.full.array.shape for e, _ in members],
@@ -186,7 +191,7 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
     # the buffer's own BucketComm (never used, so it started no thread) gives
     # way to the one all units share
     buffer.bc = bc
-    return buffer, votes, replicate
+    return buffer, votes, [c for c in (bc, replicate, votes.replicate) if c is not None]
 
 
 class InFlight:

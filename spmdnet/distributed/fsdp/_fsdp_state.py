@@ -77,8 +77,9 @@ def tensors_in(value):
 
 
 class Backward:
-    """The units that ran a forward with grad enabled since the last
-    backward ended: ``order`` (those with trainable parameters, in the order
+    """One root's units (the root is the unit whose forward runs outside any
+    other's) that ran a forward with grad enabled since its last backward
+    ended: ``order`` (those with trainable parameters, in the order
     of their first such forward: the same on every rank, as the forwards'
     all-gathers are collective) and ``held`` (all of them); ``ready``: the
     units of ``order`` whose gradients are final on this rank."""
@@ -121,7 +122,7 @@ class Backward:
         IN_FLIGHT.finish_all()
 
 
-BACKWARD = Backward()
+_current = {"backward": None}  # the running root's Backward
 
 
 def _release(channels):
@@ -151,13 +152,15 @@ class FSDPState:
         self.replicate_comm = replicate_comm
         self.reduce_dtype = mp_policy.reduce_dtype if mp_policy.reduce_dtype is not None \
             else mp_policy.param_dtype
-        self.buffer = self.votes = self.replicate = None  # the gradients' (see _build)
+        self.buffer = self.votes = None  # the gradients' (see _build)
         self.storage = None
         self.filled = False  # the storage holds the gathered parameters
         self.sync, self.root = True, False
         self.expected, self.arrived = set(), set()  # id(full): gradients due, come
         self.eager = False  # post-backward as soon as the gradients are final (see _build)
         self.trainable = any(e.shard.requires_grad for e in entries)
+        self.backward = None  # the Backward of the root this unit last ran under
+        self.own = Backward()  # used while this unit is the root
         self.inputs = set()  # id of the forward's input tensors: where the graph walk stops
 
     # -- parameters --------------------------------------------------------------------
@@ -172,10 +175,9 @@ class FSDPState:
                 e.full.register_post_accumulate_grad_hook(self._grad_ready)
         trainable = [e for e in self.entries if e.full.requires_grad]
         if trainable:
-            self.buffer, self.votes, self.replicate = unit_buffer(
+            self.buffer, self.votes, channels = unit_buffer(
                 trainable, [self._name(e) for e in trainable], self.shard_comm,
                 self.replicate_comm, self.reduce_dtype)
-            channels = [self.buffer.bc] + ([self.replicate] if self.replicate else [])
             weakref.finalize(self, _release, channels)
 
     def _name(self, entry):
@@ -223,10 +225,12 @@ class FSDPState:
     # -- forward ------------------------------------------------------------------------
     def pre_forward(self, args, kwargs, root):
         self.root = root
-        if root:  # (a backward that raised left it set)
-            BACKWARD.queued = False
+        if root or _current["backward"] is None:
+            self.own.queued = False  # (a backward that raised left it set)
+            _current["backward"] = self.own
+        self.backward = _current["backward"]
         if self.entries and autograd.is_grad_enabled():
-            BACKWARD.ran(self)
+            self.backward.ran(self)
         for e in self.entries:  # the shards may have changed since a forward kept pieces
             e.kept = None
         self.unshard()
@@ -280,7 +284,7 @@ class FSDPState:
         self._queue()
 
     def _queue(self):
-        BACKWARD.queue()
+        self.backward.queue()
 
     def _grad_ready(self, full):
         if not self.filled:
@@ -295,7 +299,7 @@ class FSDPState:
         self._queue()
         IN_FLIGHT.poll()
         if self.eager and self.filled and self.expected and self.expected <= self.arrived:
-            BACKWARD.mark_ready(self)
+            self.backward.mark_ready(self)
 
     def post_backward(self, start=True):
         """The unit's gradients are final: with ``start`` (every rank calls

@@ -38,7 +38,8 @@ class Hardtanh(Module):
         return F.hardtanh(x, self.min_val, self.max_val)
 
     def extra_repr(self):
-        return f"min_val={self.min_val}, max_val={self.max_val}"
+        inplace = ", inplace=True" if self.inplace else ""
+        return f"min_val={self.min_val}, max_val={self.max_val}{inplace}"
 
 
 class ReLU6(Hardtanh):
