@@ -143,8 +143,12 @@ def snapshot():
              if isinstance(v, _rebuild.StorageType)}
     dtypes = {k: (v.str, v.kind, v.itemsize) for k, v in _rebuild.ALLOWED.items()
               if isinstance(v, np.dtype)}
-    return {"classes": [dict(vars(c)) for c in (sn.Tensor, sn.nn.Parameter, sn.device,
-                                                _rebuild.StorageType, collections.OrderedDict)],
+    # copyreg caches ``__slotnames__`` on a class the first time one of its
+    # objects is copied or pickled: Python's own bookkeeping, not a file's doing
+    classes = (sn.Tensor, sn.nn.Parameter, sn.device, _rebuild.StorageType,
+               collections.OrderedDict)
+    return {"classes": [{k: v for k, v in vars(c).items() if k != "__slotnames__"}
+                        for c in classes],
             "allowed": dict(_rebuild.ALLOWED), "kinds": kinds, "dtypes": dtypes,
             "size": (_rebuild._size.__defaults__, dict(vars(_rebuild._size))),
             "rebuild": _rebuild._rebuild_tensor_v2.__defaults__,

@@ -198,6 +198,7 @@ def test_relu6_and_hardtanh_clip_and_pass_gradients_strictly_inside(dtype):
     assert repr(sn.nn.Hardtanh(-2, 2, inplace=True)) == \
         "Hardtanh(min_val=-2, max_val=2, inplace=True)"
     assert repr(sn.nn.Hardtanh()) == "Hardtanh(min_val=-1.0, max_val=1.0)"
+    assert repr(sn.nn.ReLU(inplace=True)) == "ReLU(inplace=True)" and repr(sn.nn.ReLU()) == "ReLU()"
     x = sn.tensor([-3.0, 7.0])
     for y in (F.hardtanh(x, inplace=True), F.relu6(x, inplace=True),
               sn.nn.Hardtanh(inplace=True)(x), F.relu(x, inplace=True)):

@@ -27,13 +27,17 @@ path's by float32 rounding only; the tests compare with tolerances. The
 GEMM path (ops.conv's columns) is the reference, and stays for every other
 shape and under ``SPMDNET_KERNELS=xp``.
 
-Measured (1 thread, kernel calls alone, CPU time on a shared machine):
-four output channels per pass against two, ResNet's 3x3 layers at b32:
-16->16 on 32x32 1.42-1.51 against 1.80-1.96 ms (100-107 against 77-84
-GFLOP/s), 32->32 on 16x16 1.26-1.44 against 2.01-2.12 ms. Before, against
-a tap per pass: CIFAR conv1 (3->6 5x5, b64) forward 1.25-1.6 -> 1.2 ms;
-conv2 (6->16 5x5 on 14x14) 1.9-2.0 -> 1.2-1.4; the ResNet stem (3->16 3x3
-pad 1, b32) 1.1 -> 0.8-0.9 ms.
+Why four output channels per pass: on the shapes dispatch routes here
+that take it (3x3, at least 4 output channels per group) it beats two
+(F.conv2d forward, 1 thread, CPU time, min of 15, three runs alternating
+with a two-channel build, shared machine): the ResNet stem 3->16 3x3 pad 1
+on 32x32, b32, 0.29-0.32 against 0.38 ms; 3->64 1.11-1.44 against
+1.53-1.66 ms. 5x5 kernels (CIFAR conv1 3->6 on 32x32, b64: 0.38-0.46 ms
+either way) and depthwise layers (one output channel per group: 32
+channels at 16x16, b32, 0.21-0.25) never take it. Why pairs over a tap per
+pass (forward, 1 thread): CIFAR conv1 (b64) 1.2 against 1.25-1.6 ms; conv2
+(6->16 5x5 on 14x14) 1.2-1.4 against 1.9-2.0; the ResNet stem (b32)
+0.8-0.9 against 1.1 ms.
 """
 import numpy as np
 

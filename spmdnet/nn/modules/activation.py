@@ -25,6 +25,9 @@ class ReLU(Module):
     def forward(self, x):
         return F.relu(x)
 
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
+
 
 class Hardtanh(Module):
     def __init__(self, min_val=-1.0, max_val=1.0, inplace=False):
