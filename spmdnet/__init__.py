@@ -40,6 +40,7 @@ from .ops.select import clamp, clip, masked_fill, maximum, minimum, where
 from .ops.sort import argsort, sort, topk
 from .ops.unary import abs  # noqa: A004,F401 - sn.abs: not in __all__
 from .ops.unary import cos, exp, log, log1p, relu, rsqrt, sigmoid, sin, sqrt, tanh
+from .ops.inplace import relu_
 from .ops.gather import diag, gather, index_select, repeat_interleave, scatter, scatter_add
 from .ops.methods import clone
 from .ops.pointwise import addmm, ceil, floor, lerp, outer, sign, square, trunc
@@ -78,8 +79,9 @@ __all__ = ["Tensor", "Function", "tensor", "as_tensor", "no_grad", "enable_grad"
            "where", "masked_fill", "maximum", "minimum", "clamp", "clip", "matmul", "bmm",
            "einsum", "isfinite", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge", "equal",
            "logical_and", "logical_or", "logical_xor", "logical_not", "exp", "log", "log1p",
-           "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "mean", "var", "std", "prod",
-           "amax", "amin", "argmax", "argmin", "logsumexp", "norm", "sort", "argsort", "topk",
+           "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu", "relu_", "mean", "var", "std",
+           "prod", "amax", "amin", "argmax", "argmin", "logsumexp", "norm", "sort", "argsort",
+           "topk",
            # more tensor functions (ops/gather.py, ops/scan.py, ops/pointwise.py)
            "clone", "cumsum", "cumprod", "flip", "roll", "gather", "scatter", "scatter_add",
            "index_select", "repeat_interleave", "diag", "outer", "addmm", "lerp", "square",

@@ -385,6 +385,21 @@ def test_relu_keeps_integer_dtype():
     np.testing.assert_array_equal(y.numpy(), [0, 0, 5])
 
 
+@pytest.mark.parametrize("relu_", [sn.relu_, sn.Tensor.relu_])
+def test_relu_in_place_writes_pytorchs_values_where_the_tensor_lives(relu_):
+    base = np.array(RELU_X + [-3.0], np.float32)
+    view = sn.tensor(base)[1:]  # a view: the base array sees the write
+    assert relu_(view) is view
+    np.testing.assert_array_equal(view.numpy(), np.array(RELU_Y[1:] + [0.0], np.float32))
+    np.testing.assert_array_equal(np.signbit(view.numpy()), np.signbit(RELU_Y[1:] + [0.0]))
+    leaf = sn.tensor([-1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad.*relu_"):
+        relu_(leaf)
+    with sn.no_grad():
+        relu_(leaf)
+    np.testing.assert_array_equal(leaf.detach().numpy(), [0.0, 2.0])
+
+
 # -- behaviour ----------------------------------------------------------------------------
 def test_both_import_paths_are_one_module():
     assert F is F_OLD is F_FROM is sn.nn.functional is sn.functional

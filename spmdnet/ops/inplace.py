@@ -107,6 +107,14 @@ def clamp_(self, min=None, max=None):  # noqa: A002 - PyTorch's argument names
     return self
 
 
+def relu_(self):
+    """``max(x, 0)`` in place (``torch.relu_``, ``Tensor.relu_``): negatives
+    become 0 where they are, NaN and -0.0 stay, as ``relu``'s."""
+    _no_graph(self, "relu_")
+    xp_of(self.array).copyto(self.array, self.array.dtype.type(0), where=self.array < 0)
+    return self
+
+
 def copy_(self, src, non_blocking=False):
     """Copy ``src`` (a Tensor or an array, any device, cast to this dtype)
     into this tensor's data; ``non_blocking`` is accepted for PyTorch's
@@ -130,5 +138,5 @@ def setitem(self, index, value):
 METHODS = {
     "__iadd__": iadd, "__isub__": isub, "__imul__": imul, "__itruediv__": itruediv,
     "add_": add_, "sub_": sub_, "mul_": mul_, "div_": div_, "zero_": zero_, "fill_": fill_,
-    "clamp_": clamp_, "clip_": clamp_, "copy_": copy_, "__setitem__": setitem,
+    "clamp_": clamp_, "clip_": clamp_, "relu_": relu_, "copy_": copy_, "__setitem__": setitem,
 }
