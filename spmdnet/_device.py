@@ -147,13 +147,13 @@ def device_of_array(a):
     return CPU
 
 
-__all__ = ["device", "default_device", "set_default_device", "get_default_device",
-           "device_of_array", "builds_on_meta", "MetaArray", "meta_array", "is_meta_array"]
-
-
 def builds_on_meta():
     """Whether an open ``with device("meta")`` (or ``set_default_device``)
     makes new parameters and buffers meta, as PyTorch's module constructors
     under a meta default device."""
     dev = default_device()
     return dev is not None and dev.type == "meta"
+
+
+__all__ = ["device", "default_device", "set_default_device", "get_default_device",
+           "device_of_array", "builds_on_meta", "MetaArray", "meta_array", "is_meta_array"]

@@ -70,8 +70,6 @@ class MetaArray(np.ndarray):
     """The array of a meta tensor (see the module docstring); its type is
     the mark ``Tensor.device`` reads."""
 
-    shape_only = True  # read by backend.asnumpy, below this module
-
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         return _ufunc(ufunc, method, inputs, kwargs)
 

@@ -7,7 +7,7 @@ so importing spmdnet never needs CUDA.
 """
 import numpy as np
 
-from ._meta import meta_array
+from ._meta import MetaArray, meta_array
 
 _cupy = None
 _cupy_error = None
@@ -76,7 +76,7 @@ def asnumpy(a):
     """A host NumPy array for ``a`` (a copy only when ``a`` lives on a GPU)."""
     if is_cupy_array(a):
         return a.get()
-    if type(a) is not np.ndarray and getattr(a, "shape_only", False):  # _device.MetaArray
+    if type(a) is MetaArray:  # meta arrays are never subclassed further
         raise NotImplementedError("Cannot copy out of meta tensor; no data! (a tensor on the "
                                   "'meta' device has a shape and a dtype only)")
     return np.asarray(a)
@@ -97,6 +97,12 @@ def to_device(a, device):
 def device_of(a):
     """``"gpu"`` for a CuPy array, ``"cpu"`` otherwise."""
     return "gpu" if is_cupy_array(a) else "cpu"
+
+
+def data_address(a):
+    """The address of ``a``'s first element (host or device memory): how
+    views of one buffer are placed against each other."""
+    return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
 
 
 def sync(*arrays):

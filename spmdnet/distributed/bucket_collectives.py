@@ -129,8 +129,7 @@ class Chained:
             self.second = self.start_next()
         return waited + self.second.wait()
 
-    def then(self, start_next):
-        return Chained(self, start_next)
+    then = Work.then
 
 
 class BucketComm:

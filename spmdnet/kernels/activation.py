@@ -142,14 +142,6 @@ def _grad_rows(g, saved, aux, gx, gb, with_aux, fn, c):  # the bias flag made a 
         _grad_map(g, saved, aux, gx, gb, with_aux, False, fn, c)
 
 
-@njit_inline
-def _relu_flat(x, out, c):
-    """out = relu(x) over 1-D arrays (one long loop: image rows can be 4 long)."""
-    for i in range(x.shape[0]):
-        v = x[i]
-        out[i] = c[0] if v < c[0] else v
-
-
 # -- the kernels: one per activation, so that each loop is specialised to one
 # scalar function and vectorises, and a run compiles only what it uses -------------
 def _relu_forward_inplace(h, bias, aux, c):
@@ -157,7 +149,10 @@ def _relu_forward_inplace(h, bias, aux, c):
 
 
 def _relu_forward(x, out, c):
-    _relu_flat(x, out, c)
+    """out = relu(x) over 1-D arrays (one long loop: image rows can be 4 long)."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        out[i] = c[0] if v < c[0] else v
 
 
 def _gelu_forward(x, bias, out, aux, store_pre, c):

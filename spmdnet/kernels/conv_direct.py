@@ -240,7 +240,6 @@ def forward(xflat, wp, weight, bias, out_hw, dilation, groups):
     return out
 
 
-
 def input_grad(g, weight, in_hw, pads, dilation, groups):
     """The input gradient (N, C, H, W) of the stride-1 convolution whose
     output gradient is g (N, O, Ho, Wo): ``forward`` over g padded by

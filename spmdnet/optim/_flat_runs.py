@@ -22,11 +22,7 @@ Anything else (a ``.grad`` of None or not a view, an array replaced by
 ``p.data = t``, states that differ, a loaded checkpoint) changes the runs
 or falls back to per-parameter calls, so the numbers never depend on it.
 """
-from ..backend import is_cupy_array, xp_of
-
-
-def _address(a):
-    return a.data.ptr if is_cupy_array(a) else a.__array_interface__["data"][0]
+from ..backend import data_address, xp_of
 
 
 def _flat_place(a):
@@ -37,7 +33,7 @@ def _flat_place(a):
             or base.dtype != a.dtype or not a.flags.c_contiguous
             or not base.flags.c_contiguous):
         return None
-    offset, rest = divmod(_address(a) - _address(base), a.itemsize)
+    offset, rest = divmod(data_address(a) - data_address(base), a.itemsize)
     if rest or offset < 0 or offset + a.size > base.size:
         return None
     return base, offset
@@ -48,10 +44,11 @@ class _Run:
     ``pbase[poff:poff + numel]`` and gradients ``gbase[goff:goff + numel]``."""
 
     def __init__(self, start, p_place, g_place, p):
-        self.start, self.stop = start, start + 1
+        self.start = self.stop = start
         (self.pbase, self.poff), (self.gbase, self.goff) = p_place, g_place
-        self.sizes, self.shapes, self.numel = [p.array.size], [p.array.shape], p.array.size
+        self.sizes, self.shapes, self.numel = [], [], 0
         self.parts = {}  # (i, j) -> _Part: the state of the sub-run [i, j)
+        self.add(p)
 
     def extends(self, p_place, g_place):
         return (p_place[0] is self.pbase and p_place[1] == self.poff + self.numel

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._device import device as Device
 from .._tensor import Tensor
-from ..backend import asnumpy, is_cupy_array
+from ..backend import asnumpy, data_address, is_cupy_array
 from ..nn.parameter import Parameter
 from . import _format
 
@@ -139,10 +139,6 @@ def _contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
-def _address(array):
-    return array.data.ptr if is_cupy_array(array) else array.__array_interface__["data"][0]
-
-
 def _view_of(array, root):
     """(offset, strides) of ``array`` inside the C-contiguous ``root``, in
     elements, or None when it cannot be described that way (another dtype,
@@ -153,7 +149,7 @@ def _view_of(array, root):
     if (root.dtype != array.dtype or not root.flags.c_contiguous or array.size == 0
             or any(s < 0 or s % size for s in array.strides)):
         return None
-    gap = _address(array) - _address(root)
+    gap = data_address(array) - data_address(root)
     if gap < 0 or gap % size:
         return None
     return gap // size, tuple(s // size for s in array.strides)

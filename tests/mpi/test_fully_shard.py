@@ -52,6 +52,16 @@ def _train(model, serial, steps):
 _loss, _assert_same_params = C.loss, C.assert_same_params
 
 
+def _assert_same_grads(model, serial, rtol=0, atol=1e-12):
+    """Each sharded gradient, gathered, against the serial model's."""
+    named = dict(serial.named_parameters())
+    for name, p in model.named_parameters():
+        full = dtensor_api.gather_dim(p.grad.array, 0, p.global_shape[0],
+                                      p.device_mesh.get_group().comm)
+        np.testing.assert_allclose(full, named[name].grad.array, rtol=rtol, atol=atol,
+                                   err_msg=name)
+
+
 def test_training_matches_serial_on_the_global_batch():
     model, serial = _models()
     _shard(model)
@@ -133,12 +143,7 @@ def test_no_gradient_sync_accumulates_locally_then_reduces_the_sum(monkeypatch):
     # one reduce-scatter per unit, of the sums of both backward passes
     assert len(calls) == sum(isinstance(m, FSDPModule) for m in model.modules())
     (_loss(serial, gx0, gy0) + _loss(serial, gx1, gy1)).backward()
-    named = dict(serial.named_parameters())
-    for name, p in model.named_parameters():
-        full = dtensor_api.gather_dim(p.grad.array, 0, p.global_shape[0],
-                                      p.device_mesh.get_group().comm)
-        np.testing.assert_allclose(full, named[name].grad.array, rtol=0, atol=1e-12,
-                                   err_msg=name)
+    _assert_same_grads(model, serial)
 
 
 def test_full_and_sharded_model_state_dicts():
@@ -240,13 +245,9 @@ def test_mixed_precision_computes_in_param_dtype_and_keeps_float64_shards():
     serial32.load_state_dict({k: v.to(torch.float32) for k, v in serial.state_dict().items()})
     serial32 = serial32.float()
     _loss(serial32, gx.to(torch.float32), gy.to(torch.float32)).backward()
-    named = dict(serial32.named_parameters())
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         assert p.dtype == torch.float64 and p.grad.dtype == torch.float64
-        full = dtensor_api.gather_dim(p.grad.array, 0, p.global_shape[0],
-                                      p.device_mesh.get_group().comm)
-        np.testing.assert_allclose(full, named[name].grad.array, rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+    _assert_same_grads(model, serial32, rtol=1e-4, atol=1e-6)
 
 
 def test_refused_options_raise():
@@ -311,9 +312,4 @@ def test_clip_grad_norm_takes_the_norm_of_the_whole_gradients(norm_type):
     total = nn.utils.clip_grad_norm_(model.parameters(), 0.01, norm_type)
     expected = nn.utils.clip_grad_norm_(serial.parameters(), 0.01, norm_type)
     assert abs(float(total) - float(expected)) <= 1e-12 * float(expected)
-    named = dict(serial.named_parameters())
-    for name, p in model.named_parameters():
-        full = dtensor_api.gather_dim(p.grad.array, 0, p.global_shape[0],
-                                      p.device_mesh.get_group().comm)
-        np.testing.assert_allclose(full, named[name].grad.array, rtol=0, atol=1e-14,
-                                   err_msg=name)
+    _assert_same_grads(model, serial, atol=1e-14)

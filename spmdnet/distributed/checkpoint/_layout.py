@@ -26,8 +26,7 @@ def param_names(module):
 
 
 def as_array(value):
-    if isinstance(value, DTensor):
-        return value.array
+    """A Tensor's (or DTensor's local) array; any other value as it is."""
     return value.array if isinstance(value, Tensor) else value
 
 

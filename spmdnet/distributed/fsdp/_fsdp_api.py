@@ -4,6 +4,8 @@ import dataclasses
 
 import numpy as np
 
+from ...dtypes import is_floating
+
 
 def _check_dtype(field, value):
     if value is None:
@@ -12,7 +14,7 @@ def _check_dtype(field, value):
         dtype = np.dtype(value)
     except TypeError:
         raise TypeError(f"MixedPrecisionPolicy({field}={value!r}): not a dtype") from None
-    if dtype.kind != "f" and dtype.name != "bfloat16":
+    if not is_floating(dtype):
         raise TypeError(f"MixedPrecisionPolicy({field}={value!r}): a floating dtype "
                         "(float64, float32, float16, bfloat16) is needed")
     return dtype

@@ -187,10 +187,7 @@ def unit_buffer(entries, names, shard_comm, replicate_comm, reduce_dtype):
     buffer = ParamAndGradBuffer(
         [e.full for e, _ in members], [n for _, n in members], shard_comm, who="fully_shard",
         reduction=reduction, groups=groups, bucket_mb=None, grads="transient", start="call",
-        mode=mode)
-    # the buffer's own BucketComm (never used, so it started no thread) gives
-    # way to the one all units share
-    buffer.bc = bc
+        mode=mode, bc=bc)  # the channel all units share
     return buffer, votes, [c for c in (bc, replicate, votes.replicate) if c is not None]
 
 

@@ -37,6 +37,7 @@ import functools
 import weakref
 
 from ...backend import device_of
+from ...dtypes import is_floating
 from .. import c10d, runtime
 from ..device_mesh import DeviceMesh, init_device_mesh
 from ..tensor._api import DTensor, local_piece
@@ -97,8 +98,7 @@ def _cast(value, dtype):
     """Floating tensors in ``value`` (nested tuples/lists/dicts) cast to ``dtype``."""
     def cast(t):
         kind = t.array.dtype
-        floating = kind.kind == "f" or kind.name == "bfloat16"
-        return t.to(dtype) if floating and kind != dtype else t
+        return t.to(dtype) if is_floating(kind) and kind != dtype else t
     return map_tensors(value, cast)
 
 

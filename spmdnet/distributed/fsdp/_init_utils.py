@@ -5,6 +5,7 @@ features spmdnet does not build (NotImplementedError naming them)."""
 import numpy as np
 
 from ..._tensor import Tensor
+from ...dtypes import is_floating
 from .. import c10d
 from .api import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
 from .wrap import as_wrap, policy
@@ -138,7 +139,7 @@ def cast_inputs(dtype, args, kwargs):
     ``dtype`` (a differentiable cast; None: unchanged)."""
     def cast(a):
         if dtype is None or not isinstance(a, Tensor) or a.dtype == dtype or \
-                np.dtype(a.dtype).kind != "f" and np.dtype(a.dtype).name != "bfloat16":
+                not is_floating(a.dtype):
             return a
         return a.to(dtype)
     return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}

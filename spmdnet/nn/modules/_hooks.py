@@ -233,7 +233,7 @@ def call_with_hooks(module, args, kwargs):
                 if new is not None:
                     args = new if isinstance(new, tuple) else (new,)
         backward_hooks, backward_pre_hooks = backward_hooks_of(module)
-        deferred = bool(_DEFERRED_BACKWARD) and id(module) in _DEFERRED_BACKWARD
+        deferred = id(module) in _DEFERRED_BACKWARD
         _DEFERRED_BACKWARD.discard(id(module))
         bw_hook = None
         if (backward_hooks or backward_pre_hooks) and not deferred:

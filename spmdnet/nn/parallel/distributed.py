@@ -86,17 +86,16 @@ class DistributedDataParallel(NoSync, Module):
             comm = dist.comm_of(process_group, "DistributedDataParallel")
         bucket_mb = next((b for b in (bucket_mb, bucket_cap_mb) if b is not None), 25.0)
         broadcast_buffers = True if broadcast_buffers is None else broadcast_buffers
-        model = module
         super().__init__()
         self.device_ids, self.output_device, self.dim = device_ids, output_device, dim
         self.process_group = process_group
         self.find_unused_parameters, self.static_graph = find_unused_parameters, static_graph
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.nonfinite, self.steps, self.skipped_steps = nonfinite_mode(nonfinite), 0, 0
-        self.module = model
-        world, base, named = wrapping(model, comm)
+        self.module = module
+        world, base, named = wrapping(module, comm)
         self.broadcast_buffers, self._buffers_answered = broadcast_buffers, False
-        attach_sync_batchnorm(model, base, before_shadow=self._shadow_buffers)
+        attach_sync_batchnorm(module, base, before_shadow=self._shadow_buffers)
         # A private communicator: our reductions never interleave with the
         # user's collectives on the same communicator.
         self.comm = dist.dup(base)

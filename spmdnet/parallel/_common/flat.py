@@ -27,7 +27,7 @@ it has no views: arrays are copied in (``put``) and pieces read out
 import math
 from itertools import accumulate
 
-from ...backend import is_cupy_array, xp_of
+from ...backend import data_address, is_cupy_array, xp_of
 
 MB = 1024 * 1024
 FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
@@ -202,10 +202,7 @@ def dtype_groups(params, parts):
 def _byte_range(a):
     """(memory, lo, hi): the bytes ``a`` may touch, its elements' lowest
     address to past its highest (strides may be negative or zero)."""
-    if is_cupy_array(a):
-        where, ptr = ("cuda", a.device.id), a.data.ptr
-    else:
-        where, ptr = ("host", 0), a.__array_interface__["data"][0]
+    where, ptr = ("cuda", a.device.id) if is_cupy_array(a) else ("host", 0), data_address(a)
     lo = ptr + sum((n - 1) * st for n, st in zip(a.shape, a.strides) if st < 0)
     hi = ptr + sum((n - 1) * st for n, st in zip(a.shape, a.strides) if st > 0) + a.itemsize
     return where, lo, hi

@@ -74,12 +74,13 @@ class ParamAndGradBuffer:
     layout)]`` covering ``params`` (default: by dtype); ``enabled()``: whether
     this backward reduces (DataParallel's ``no_sync`` says no); ``on_finish()``:
     called after each backward's reduction; ``alloc(xp, n, dtype)`` /
-    ``free(array)``: transient storage (default: new zeros, dropped)."""
+    ``free(array)``: transient storage (default: new zeros, dropped);
+    ``bc``: a ``BucketComm`` shared with other buffers (default: its own)."""
 
     def __init__(self, params, names, comm, *, who, reduction=None, parts=1, groups=None,
                  flat_params=False, claim_names=None, grads="persistent", bucket_mb=25.0,
                  mode="nonblocking", in_flight=None, nonfinite="ignore", enabled=None,
-                 on_finish=None, start="hooks", alloc=None, free=None, claim=True):
+                 on_finish=None, start="hooks", alloc=None, free=None, claim=True, bc=None):
         if grads not in ("persistent", "transient"):
             raise ValueError(f"grads must be 'persistent' or 'transient', got {grads!r}")
         if start not in STARTS:
@@ -111,7 +112,7 @@ class ParamAndGradBuffer:
                            for key, _, _ in self.groups}
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._index_in = {id(p): i for b in self.buckets for i, p in enumerate(b.params)}
-        self.bc = BucketComm(comm, mode)
+        self.bc = bc if bc is not None else BucketComm(comm, mode)
         self.size = self.bc.size
         self.check, self.in_flight, self.by_hooks = nonfinite != "ignore", in_flight, \
             start == "hooks"

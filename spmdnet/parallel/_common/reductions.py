@@ -41,7 +41,14 @@ class AllReduce:
         pass
 
 
-class ShardTarget:
+class _Target:
+    """A gradient shard target's addition of a reduced piece at ``at``."""
+
+    def add(self, at, piece):
+        self.array[at:at + piece.size] += piece
+
+
+class ShardTarget(_Target):
     """This rank's gradient shard of a layout: ``array``, positions
     ``[lo, lo + array.size)`` of it. ``fresh``: it holds no gradient yet
     (after ``zero_grad``), so a reduction is received straight into it;
@@ -54,9 +61,6 @@ class ShardTarget:
     def receive_into(self):
         return self.array
 
-    def add(self, at, piece):
-        self.array[at:at + piece.size] += piece
-
     def delivered(self):
         pass
 
@@ -64,7 +68,7 @@ class ShardTarget:
         self.fresh = False
 
 
-class ParamShardTarget:
+class ParamShardTarget(_Target):
     """The ``.grad`` of a shard Parameter covering ``[lo, lo + numel)``:
     fresh while it is None; the first reduction then receives into a new
     zero array (the padding stays zero) that becomes the ``.grad``."""
@@ -79,9 +83,6 @@ class ParamShardTarget:
     @property
     def array(self):
         return self.param.grad.array
-
-    def add(self, at, piece):
-        self.array[at:at + piece.size] += piece
 
     def receive_into(self):
         if self._new is None:
