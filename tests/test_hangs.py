@@ -118,6 +118,34 @@ def test_rank_stalled_in_save_checkpoint_is_reported_and_the_job_ends(tmp_path):
     assert "ranks not in it: [0]" in err and "checkpoint" in err
 
 
+
+GATHER_AHEAD = """
+    import time
+    import spmdnet as torch
+    import spmdnet.distributed as dist
+    dist.init_process_group("mpi")
+    if dist.get_rank() == 2:
+        time.sleep(60)  # busy in Python: its watchdog answers, "not in a collective"
+    t = torch.ones(2)
+    dist.gather(t, [torch.zeros(2) for _ in range(3)] if dist.get_rank() == 0 else None, dst=0)
+    dist.broadcast(t, src=0)  # rank 1 is here while rank 0 still gathers
+"""
+
+
+def test_rank_gone_past_a_gather_is_not_named_late(tmp_path):
+    """A gather's non-root ranks leave it before the root: rank 1 waits in the
+    next broadcast while rank 0 still waits for rank 2. The report names only
+    rank 2, the rank that has not reached the gather."""
+    code, out, err, seconds = launch(tmp_path, GATHER_AHEAD,
+                                     env={"SPMDNET_WATCHDOG_S": "1",
+                                          "SPMDNET_WATCHDOG_ABORT_S": "3"})
+    assert code != 0 and seconds < 30, (code, seconds, err)
+    gather_report = [line for line in err.splitlines()
+                     if line.startswith("[rank 0] watchdog") and "has waited" in line]
+    assert gather_report and all("ranks not in it: [2]" in line for line in gather_report), err
+    assert "rank 1: waiting in broadcast" in err, err
+
+
 PRINT_THEN_RAISE = """
     import time
     import numpy as np

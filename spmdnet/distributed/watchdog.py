@@ -127,8 +127,8 @@ class Watchdog(threading.Thread):
         others = [r for r in range(self.size) if r != self.rank]
         states = query(self.comm, others)
         states[self.rank] = guard.snapshot()
-        late = [r for r in range(self.size) if r not in states or not _in_same(states[r],
-                                                                               pending)]
+        late = [r for r in range(self.size)
+                if r not in states or not _reached(states[r], pending)]
         self.late = late
         lines = [f"{pending['op']} #{pending['seq']} on {pending['comm']} has waited "
                  f"{waited:.1f} s at {pending['site']}; ranks not in it: "
@@ -174,9 +174,22 @@ class Deadline(threading.Thread):
                 f"{where}"]
 
 
-def _in_same(st, pending):
+def _reached(st, pending):
+    """Whether a rank in state ``st`` has reached the stalled collective
+    ``pending``: it waits in it, or it has gone past it (a later number on the
+    same communicator: a gather's or a send-side's non-root ranks leave before
+    the root, so one rank's stall may find a healthy peer one call ahead)."""
     other = st.get("pending")
-    return other is not None and all(other[k] == pending[k] for k in ("op", "seq", "comm"))
+    if other is not None and all(other[k] == pending[k] for k in ("op", "seq", "comm")):
+        return True
+    if pending["seq"] == 0:  # point-to-point: not numbered, so only the same call counts
+        return False
+    for key, past in (("pending", 1), ("last", 0)):
+        entry = st.get(key)
+        if entry is not None and entry["comm"] == pending["comm"] \
+                and entry["seq"] >= pending["seq"] + past:
+            return True
+    return False
 
 
 def start(control, limit_s, abort_s, thread_multiple):
