@@ -11,7 +11,8 @@ import spmdnet.nn.functional as F
 from spmdnet import nn
 from spmdnet.autograd import gradcheck
 from spmdnet.kernels import conv as conv_kernels
-from spmdnet.ops.conv import col2im, col2im_columns, padded_windows
+from spmdnet.ops.conv import col2im, padded_windows
+from spmdnet.ops.conv_columns import col2im_columns, columns
 from tests.helpers.plain_python import PLAIN_PYTHON, run_plain_python_subprocess
 
 
@@ -158,20 +159,30 @@ KERNEL_CASES = [((2, 3, 7, 6), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),
 
 
 @pytest.mark.parametrize("shape,kernel,stride,pads,dilation", KERNEL_CASES)
+@pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_col2im_kernel_matches_xp(shape, kernel, stride, pads, dilation, dtype):
-    """The kernel and ops.conv.col2im_columns on the (C, kh, kw, N, Ho, Wo)
-    columns, both against the window view's adjoint on (N, C, kh, kw, Ho, Wo)."""
+def test_col2im_kernel_matches_xp(shape, kernel, stride, pads, dilation, groups, dtype):
+    """The kernel and ops.conv_columns.col2im_columns on the (N, Ho, Wo, G, kh, kw,
+    C/G) columns, both against the window view's adjoint on (N, C, kh, kw,
+    Ho, Wo); the kernel's and the reference's columns equal the window view."""
     rng = np.random.default_rng(3)
+    shape = (shape[0], shape[1] * groups) + shape[2:]
     x = rng.standard_normal(shape).astype(dtype)
     padded, view = padded_windows(x, pads, kernel, stride, dilation)
     g = rng.standard_normal(view.shape).astype(dtype)
     want = col2im(g, padded.shape, pads, shape[2:], stride, dilation)
-    cols = np.ascontiguousarray(g.transpose(1, 2, 3, 0, 4, 5))
+    n, c, kh, kw, ho, wo = g.shape
+    as_rows = lambda a: np.ascontiguousarray(  # noqa: E731
+        a.reshape(n, groups, c // groups, kh, kw, ho, wo).transpose(0, 5, 6, 1, 3, 4, 2))
+    cols = as_rows(g)
     got = conv_kernels.col2im(cols, shape[2:], stride, pads, dilation)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(col2im_columns(cols, shape[2:], pads, stride, dilation), want,
                                rtol=1e-6, atol=1e-6)
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode):
+            built = columns(x, kernel, stride, pads, dilation, (ho, wo), groups)
+        np.testing.assert_array_equal(built, as_rows(view))
 
 
 @pytest.mark.skipif(PLAIN_PYTHON, reason="this is that subprocess")

@@ -1,20 +1,27 @@
-"""col2im for ``ops.conv`` (NCHW, zero padding, strides, dilation): the
-input gradient (N, C, H, W) of a convolution from the gradient of its
-columns, laid out (C, kh, kw, N, Ho, Wo) as ``ops.conv.columns`` builds
-them (the layout that makes every convolution one GEMM over the whole
-batch). The transposed convolution's forward (``ops.conv_transpose``) is
-this same step. The GEMMs stay with BLAS.
+"""The two memory passes of ``ops.conv``'s columns path (NCHW, zero
+padding, strides, dilation, groups), compiled for the CPU; the GEMMs stay
+with BLAS.
 
-One channel at a time, for a run of images (``PLANES_BYTES``): every
-window adds into a zeroed padded plane per image (a few KiB each, in L2)
-with no bounds test in the inner loop, which runs along the columns'
-contiguous output row (vectorised at stride 1); the planes' interiors are
-then copied out. The terms of each input element are added in
-(i, j, oh, ow) order (deterministic).
+The columns hold one row per output pixel, laid out (N, Ho, Wo, G, kh, kw,
+C/G) as ``ops.conv_columns.columns`` builds them: a group's row is one contiguous
+run, and the GEMMs read the output pixels as their long M side (see
+``ops.conv``: with OpenBLAS's AVX-512 kernels that orientation ran 1.3-2x
+faster on ResNet's 16-128 channel layers than the pixels as the long N
+side).
 
-The plain-xp reference is ``ops.conv.col2im_columns`` (kh·kw strided adds).
-Measured on ResNet-18's 16-channel 3x3 layer (batch 32, 32x32, 1 thread,
-CPU time): 1.3 ms against the reference's 7.3-8.5 ms (19 MB of columns).
+- ``channels_last``: the input zero-padded and channels-last (N, Hp, Wp,
+  C), from which the columns are a strided view whose rows copy in runs of
+  kw·C/G values (one NumPy copy). Written a padded image row at a time,
+  from the C rows of the NCHW planes under it (``SCATTER_MIN_WIDTH``).
+- ``col2im``: the adjoint, the input gradient (N, C, H, W) from the columns'
+  gradient (the transposed convolution's forward too). One image at a time:
+  every window's row run adds into a zeroed padded channels-last image (a
+  few KiB to 100 KiB, in L2) with no bounds test in the inner loop; its
+  interior is then copied out to the C planes. The terms of each input
+  element are added in the columns' (oh, ow, i, j) order (deterministic).
+
+The plain-xp references are ``ops.conv_columns.channels_last_padded`` and
+``ops.conv_columns.col2im_columns``.
 """
 import numpy as np
 
@@ -24,88 +31,130 @@ from ._numba import njit_inline
 from ._target import check_target
 
 
-# The padded planes of a run of images, one channel at a time, stay in L2
-# within this many bytes. Reading the columns in their order (channel, tap,
-# image) and not image by image (the 9 taps' rows of one image, 4-32 KiB
-# apart, shared an L1 set) measured (b32, 1 thread, CPU time): ResNet-18's
-# stride-2 3x3 layers 128 channels at 16x16 2.3 against 6.5 ms, 256 at 8x8
-# 1.0 against 1.45, 64 at 32x32 4.4 against 4.8; its stride-1 16 channels
-# at 32x32 1.3 against 2.6.
-PLANES_BYTES = 1 << 18
+# The compiled pass writes each image row from its C plane rows, and pays where
+# those rows are long: b32, 1 thread, CPU time, against NumPy's transposing
+# copy: 16 channels at 32x32 0.24 against 0.31 ms, 3 at 32x32 0.07 against
+# 0.10; at 16x16 and below NumPy's is as fast or faster (32 channels 0.13
+# against 0.10, 64 at 8x8 0.075 against 0.043), so narrower inputs take it.
+SCATTER_MIN_WIDTH = 32
 
 
-def _col2im(cols, gx, planes, geom):
-    """gx[n, c] = the interior of the padded plane that collects cols[c, :, :, n],
-    a channel at a time for a run of images (one plane each)."""
+def _channels_last(x, out, geom):
+    """out[n, top + h, left + w, c] = x[n, c, h, w]; out's border is zero."""
+    top, left = geom
+    batch, channels, height, width = x.shape
+    zero = out.dtype.type(0)
+    for n in range(batch):
+        flat = out[n].reshape(out.shape[1] * out.shape[2] * out.shape[3])
+        for q in range(flat.shape[0]):
+            flat[q] = zero
+        for r in range(height):
+            row = out[n, top + r].reshape(out.shape[2] * channels)
+            for c in range(channels):
+                _scatter_row(row[left * channels + c:], x[n, c, r], channels)
+
+
+@njit_inline
+def _scatter_row(dest, src, step):
+    for k in range(src.shape[0]):
+        dest[k * step] = src[k]
+
+
+def _col2im(cols, gx, image, geom):
+    """gx[n] = the interior of the padded channels-last image that collects
+    the rows of cols[n]."""
     sh, sw, pt, pl, dh, dw = geom
-    channels, kh, kw, batch, ho, wo = cols.shape
-    h = gx.shape[2]
-    zero = planes.dtype.type(0)
-    flat = planes.reshape(planes.size)
-    run = planes.shape[0]
-    for c in range(channels):
-        for n0 in range(0, batch, run):
-            n1 = min(batch, n0 + run)
-            for q in range(flat.shape[0]):
-                flat[q] = zero
-            for i in range(kh):
-                for j in range(kw):
-                    for n in range(n0, n1):
-                        plane = planes[n - n0]
-                        for oh in range(ho):
-                            # 1-D rows with a start offset: the inner loop has no
-                            # negative-index wraparound test and vectorises
-                            _add_row(plane[oh * sh + i * dh, j * dw:], cols[c, i, j, n, oh],
-                                     sw)
-            for n in range(n0, n1):
-                for r in range(h):
-                    _copy_row(gx[n, c, r], planes[n - n0, r + pt, pl:])
+    batch, ho, wo, groups, kh, kw, cg = cols.shape
+    channels, height, width = gx.shape[1:]
+    zero = image.dtype.type(0)
+    flat = image.reshape(image.size)
+    src = cols.reshape(cols.size)
+    image_row = image.shape[1] * channels
+    per_pixel = groups * kh * kw * cg
+    # integer offsets into flat arrays, no per-run views: a run is 1-64 values
+    # (16 channels, stride 2: 0.27 against 0.35 ms with a view per run); unsigned,
+    # so Numba indexes them with no negative-index wraparound test
+    run = np.uint64(cg)
+    for n in range(batch):
+        for q in range(flat.shape[0]):
+            flat[q] = zero
+        # the columns in their order, a tap's run at a time (a tap at a time along
+        # the output row read them 64 bytes per 576 and ran 2.8x slower on 16
+        # channels at stride 1; a window row's kw taps as one run overlap the next
+        # window's and stalled on store forwarding)
+        at = np.uint64(n * ho * wo * per_pixel)
+        for oh in range(ho):
+            for ow in range(wo):
+                for g in range(groups):
+                    for i in range(kh):
+                        dest = np.uint64((oh * sh + i * dh) * image_row
+                                         + ow * sw * channels + g * cg)
+                        for j in range(kw):
+                            _add_run(flat, dest + np.uint64(j * dw * channels), src, at, run)
+                            at += run
+        for r in range(height):  # the image row stays in L1 while its channels go out
+            row = image[pt + r].reshape(image_row)
+            for c in range(channels):
+                _gather_row(gx[n, c, r], row[pl * channels + c:], channels)
 
 
 @njit_inline
-def _add_row(dest, src, step):
-    if step == 1:
-        for k in range(src.shape[0]):
-            dest[k] += src[k]
-    else:
-        for k in range(src.shape[0]):
-            dest[k * step] += src[k]
+def _add_run(dest, d0, src, s0, length):
+    for k in range(length):
+        dest[d0 + k] += src[s0 + k]
 
 
 @njit_inline
-def _copy_row(dest, src):
+def _gather_row(dest, src, step):
     for k in range(dest.shape[0]):
-        dest[k] = src[k]
+        dest[k] = src[k * step]
 
 
+_channels_last_kernel = CpuKernel(_channels_last)
 _col2im_kernel = CpuKernel(_col2im)
 
 
+def channels_last(x, pads):
+    """x (N, C, H, W) as (N, H + top + bottom, W + left + right, C), zero
+    outside x; ``pads`` ((top, bottom), (left, right)), each at least 0."""
+    check_target("conv", x)
+    (top, bottom), (left, right) = pads
+    n, c, h, w = x.shape
+    shape = (n, h + top + bottom, w + left + right, c)
+    if w < SCATTER_MIN_WIDTH:
+        out = np.zeros(shape, x.dtype)
+        out[:, top:top + h, left:left + w] = x.transpose(0, 2, 3, 1)
+        return out
+    out = np.empty(shape, x.dtype)
+    _channels_last_kernel(np.ascontiguousarray(x), out, (int(top), int(left)))
+    return out
+
+
 def col2im(cols, in_hw, stride, pads, dilation):
-    """(N, C, H, W) from columns (C, kh, kw, N, Ho, Wo): each input element
-    the sum of the column entries its windows took from it. pads is ((top,
-    bottom), (left, right)) (only top and left move the windows)."""
+    """(N, C, H, W) from columns (N, Ho, Wo, G, kh, kw, C/G): each input
+    element the sum of the column entries its windows took from it. pads is
+    ((top, bottom), (left, right)) (only top and left move the windows)."""
     check_target("conv", cols)
-    if cols.ndim != 6:
-        raise ValueError(f"conv kernels: expected columns (C, kh, kw, N, Ho, Wo), got "
+    if cols.ndim != 7:
+        raise ValueError(f"conv kernels: expected columns (N, Ho, Wo, G, kh, kw, C/G), got "
                          f"{cols.shape}")
     xp = xp_of(cols)
     cols = xp.ascontiguousarray(cols)
-    c, kh, kw, n, ho, wo = cols.shape
+    n, ho, wo, groups, kh, kw, cg = cols.shape
     (sh, sw), (dh, dw) = stride, dilation
     (top, _), (left, _) = pads
     h, w = in_hw
-    # the plane holds every window position and the input's interior
-    plane_h = max(top + h, (ho - 1) * sh + (kh - 1) * dh + 1)
-    plane_w = max(left + w, (wo - 1) * sw + (kw - 1) * dw + 1)
-    gx = xp.empty((n, c, h, w), cols.dtype)
-    run = max(1, min(n, PLANES_BYTES // (plane_h * plane_w * cols.itemsize)))
-    planes = np.empty((run, plane_h, plane_w), cols.dtype)
+    # the image holds every window position and the input's interior
+    image_h = max(top + h, (ho - 1) * sh + (kh - 1) * dh + 1)
+    image_w = max(left + w, (wo - 1) * sw + (kw - 1) * dw + 1)
+    gx = xp.empty((n, groups * cg, h, w), cols.dtype)
+    image = np.empty((image_h, image_w, groups * cg), cols.dtype)
     geom = (int(sh), int(sw), int(top), int(left), int(dh), int(dw))
-    _col2im_kernel(cols, gx, planes, geom)
+    _col2im_kernel(cols, gx, image, geom)
     return gx
 
 
 def warmup(dtype):
-    """Compile the CPU kernel for ``dtype``."""
-    col2im(np.ones((1, 2, 2, 1, 2, 2), dtype), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1))
+    """Compile the CPU kernels for ``dtype``."""
+    col2im(np.ones((1, 2, 2, 1, 2, 2, 1), dtype), (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1))
+    channels_last(np.ones((1, 1, 2, 2), dtype), ((1, 1), (1, 1)))

@@ -124,7 +124,8 @@ TABLE = {
     # winograd_takes): ResNet-18's stride-1 3x3 layers forward + backward, b32, 16
     # channels at 32x32 10.4 against 20-22 ms on the columns' GEMM; 32 at 16x16 8.9
     # against 12.7-13.6 (best of 11, the machine shared).
-    "conv2d": Rule({"col2im": conv.col2im, "direct_forward": conv_direct.forward,
+    "conv2d": Rule({"col2im": conv.col2im, "channels_last": conv.channels_last,
+                    "direct_forward": conv_direct.forward,
                     "direct_weight_grad": conv_direct.weight_grad,
                     "direct_input_grad": conv_direct.input_grad,
                     "winograd_forward": winograd.forward,

@@ -1,19 +1,10 @@
 """Convolutions, NCHW, PyTorch's semantics: ``conv2d`` and ``conv1d`` (a
 conv2d over a height of one); the shared steps of ``ops.conv_transpose``.
 
-Every convolution is one GEMM over the whole batch per group (NumPy and
-CuPy alike): the padded input seen through ``as_strided`` and copied once
-as columns (C, kh, kw, N, Ho, Wo) (``columns``), ``weight (G, O/G, K) @
-columns (G, K, N·Ho·Wo)``, the product (O, N, Ho·Wo) moved to NCHW with the
-bias added in the same pass. Backward: the output gradient once as (O,
-N·Ho·Wo), the weight gradient one GEMM against the saved columns (no sum
-over per-sample products), the input gradient ``weightᵀ @ g`` as columns
-scattered back by ``kernels.lookup("conv2d", x, step="col2im")`` (a
-compiled pass, kernels/conv.py) or by ``col2im_columns`` (kh·kw strided
-adds, the xp reference). On ResNet-18's shapes (OpenBLAS, 1 thread) the
-one GEMM ran 1.0x (16 channels) to 1.4x (128) faster forward and 1.0x to
-2.9x faster for the weight gradient than the N per-sample GEMMs (and their
-sum) it replaced; benchmarks/cnn_step.py --layers times each shape.
+Every convolution that the kernels below do not take is one GEMM over the
+whole batch per group on a row of columns per output pixel
+(``ops.conv_columns``, with kernels/conv.py's channels-last and col2im
+passes on the CPU).
 
 Stride-1 3x3 convolutions on many channels (ResNet's; where
 ``kernels.dispatch.winograd_takes`` says so) run Winograd F(2x2, 3x3)
@@ -27,9 +18,8 @@ the CIFAR Net's first layer) build no columns: kernels/conv_direct.py's
 forward and weight gradient read the padded input directly (saved instead
 of the columns); the input gradient is the same forward kernel over the
 padded output gradient with the flipped weights where
-``conv_direct_input_takes`` says so, else the GEMM and col2im above.
+``conv_direct_input_takes`` says so, else the columns' GEMM and col2im.
 """
-import math
 
 from .. import kernels
 from ..autograd import Function
@@ -37,6 +27,7 @@ from ..kernels import conv_direct
 from ..kernels.dispatch import conv_direct_input_takes, conv_direct_takes, winograd_takes
 from ..backend import xp_of
 from .arith import as_tensor_like
+from .conv_columns import by_channel, columns, columns_grad, columns_product, weight_grad
 
 
 def _pair(value, name):
@@ -93,97 +84,6 @@ def col2im(cols, padded_shape, pads, in_hw, stride, dilation):
     return out[:, :, top:top + in_hw[0], left:left + in_hw[1]]
 
 
-def columns(x, kernel, stride, pads, dilation, out_hw):
-    """x (N, C, H, W) copied as the columns (C, kh, kw, N, Ho, Wo) of its
-    Ho x Wo windows: cols[c, i, j, n, oh, ow] = x_padded[n, c, oh·sh + i·dh,
-    ow·sw + j·dw]. ``pads`` ((top, bottom), (left, right)); the bottom and
-    right grow to what the windows reach and the windows stop at ``out_hw``
-    (a transposed convolution's backward asks for its input's size)."""
-    xp = xp_of(x)
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    ho, wo = out_hw
-    (top, _), (left, _) = pads
-    bottom = max(0, (ho - 1) * sh + dh * (kh - 1) + 1 - h - top)
-    right = max(0, (wo - 1) * sw + dw * (kw - 1) + 1 - w - left)
-    if top or left or bottom or right:
-        x = xp.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    s = x.strides
-    view = xp.lib.stride_tricks.as_strided(
-        x, (c, kh, kw, n, ho, wo), (s[1], s[2] * dh, s[3] * dw, s[0], s[2] * sh, s[3] * sw))
-    return xp.ascontiguousarray(view)
-
-
-def col2im_columns(cols, in_hw, pads, stride, dilation):
-    """The adjoint of ``columns`` (the xp reference of kernels/conv.py):
-    cols (C, kh, kw, N, Ho, Wo) added into a zero padded input, returned
-    without the padding (N, C, H, W)."""
-    xp = xp_of(cols)
-    c, kh, kw, n, ho, wo = cols.shape
-    (sh, sw), (dh, dw) = stride, dilation
-    (top, _), (left, _) = pads
-    h, w = in_hw
-    out = xp.zeros((n, c, max(top + h, (ho - 1) * sh + (kh - 1) * dh + 1),
-                    max(left + w, (wo - 1) * sw + (kw - 1) * dw + 1)), cols.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            out[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
-                j * dw:j * dw + sw * (wo - 1) + 1:sw] += cols[:, i, j].transpose(1, 0, 2, 3)
-    return xp.ascontiguousarray(out[:, :, top:top + h, left:left + w])
-
-
-def columns_product(cols, weight, groups, bias=None):
-    """The convolution from its columns: (N, O, Ho, Wo) = weight (O, C/G,
-    kh, kw) applied to cols (C, kh, kw, N, Ho, Wo), plus bias (O,)."""
-    xp = xp_of(cols, weight)
-    n, ho, wo = cols.shape[3:]
-    o = weight.shape[0]
-    k = weight[0].size
-    prod = xp.matmul(weight.reshape(groups, o // groups, k),
-                     cols.reshape(groups, k, n * ho * wo))  # explicit sizes: n may be 0
-    prod = prod.reshape(o, n, ho * wo).transpose(1, 0, 2)
-    out = xp.empty((n, o, ho, wo), prod.dtype)
-    if bias is not None:  # added in the pass that moves the product to NCHW
-        xp.add(prod, bias.reshape(1, o, 1), out=out.reshape(n, o, ho * wo))
-    else:
-        out.reshape(n, o, ho * wo)[...] = prod
-    return out
-
-
-def by_channel(g, groups):
-    """g (N, O, *) as (G, O/G, N·*) contiguous: the GEMM operand of the
-    weight and input gradients."""
-    xp = xp_of(g)
-    n, o = g.shape[:2]
-    rest = math.prod(g.shape[2:])  # explicit sizes: n may be 0
-    g_t = xp.ascontiguousarray(g.reshape(n, o, rest).transpose(1, 0, 2))
-    return g_t.reshape(groups, o // groups, n * rest)
-
-
-def columns_grad(g_t, weight, in_shape, out_hw, stride, pads, dilation, col2im_kernel=None):
-    """(N, C, H, W): ``weightᵀ @ g_t`` (the columns' gradient) scattered back
-    to the input; g_t is ``by_channel(g)``. ``col2im_kernel``: kernels/conv.py's
-    pass, else the xp reference."""
-    xp = xp_of(g_t, weight)
-    groups = g_t.shape[0]
-    o, cg, kh, kw = weight.shape
-    n, c, h, w = in_shape
-    wmat = weight.reshape(groups, o // groups, cg * kh * kw)
-    gcols = xp.matmul(wmat.transpose(0, 2, 1), g_t).reshape((c, kh, kw, n) + tuple(out_hw))
-    if col2im_kernel is not None:
-        return col2im_kernel(gcols, (h, w), stride, pads, dilation)
-    return col2im_columns(gcols, (h, w), pads, stride, dilation)
-
-
-def weight_grad(g_t, cols, weight_shape):
-    """The weight gradient, one GEMM over the whole batch: g_t (G, O/G, M)
-    against the columns (C, kh, kw, N, Ho, Wo) (M = N·Ho·Wo)."""
-    xp = xp_of(g_t, cols)
-    groups = g_t.shape[0]
-    cols = cols.reshape(groups, math.prod(cols.shape[:3]) // groups, g_t.shape[2])
-    return xp.matmul(g_t, cols.transpose(0, 2, 1)).reshape(weight_shape)
-
-
 class Conv2d(Function):
     """out[n, o] = bias[o] + sum over the group's channels and the window of
     weight[o, c, i, j] · x_padded[n, c, ho·s + i·d, wo·s + j·d]."""
@@ -214,7 +114,7 @@ class Conv2d(Function):
             return self.direct[0](self.xflat, self.wp, weight, bias[0] if bias else None,
                                   out_hw, dilation, groups)
         self.direct = None
-        self.cols = columns(x, weight.shape[2:], stride, pads, dilation, out_hw)
+        self.cols = columns(x, weight.shape[2:], stride, pads, dilation, out_hw, groups)
         return columns_product(self.cols, weight, groups, bias[0] if bias else None)
 
     def backward(self, g):
@@ -227,7 +127,7 @@ class Conv2d(Function):
                 gw, gx = self.winograd(g, saved, self.weight, pads, need[1], need[0])
             else:  # the columns' inf and NaN, as a direct sum gives them
                 self.cols = columns(saved[0], self.weight.shape[2:], stride, pads, dilation,
-                                    g.shape[2:])
+                                    g.shape[2:], groups)
                 gw, gx = self._gemm_backward(g)
         elif self.direct:
             gw, gx = self._direct_backward(g)
@@ -381,5 +281,4 @@ def conv_out_shape(x_shape, weight_shape, stride, pads, dilation):
 
 
 __all__ = ["Conv2d", "conv2d", "conv1d", "conv_pads", "padded_windows", "col2im",
-           "conv_out_shape", "columns", "col2im_columns", "columns_product", "by_channel",
-           "columns_grad", "weight_grad"]
+           "conv_out_shape"]

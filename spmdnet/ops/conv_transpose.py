@@ -3,9 +3,9 @@ and ``conv_transpose1d`` (a 2-D one over a height of one).
 
 A transposed convolution is the input gradient of the convolution with the
 same weight, stride, padding, dilation and groups, whose input has the
-transposed convolution's output size: forward is ``ops.conv.columns_grad``
+transposed convolution's output size: forward is ``ops.conv_columns.columns_grad``
 (``weightᵀ @ x`` as columns, scattered back by the conv kernels' col2im),
-and backward is that convolution (``ops.conv.columns`` of the output
+and backward is that convolution (``ops.conv_columns.columns`` of the output
 gradient, then one GEMM for the input gradient and one for the weight
 gradient). The weight is PyTorch's (in, out/groups, kh, kw): the
 convolution's (out, in/groups, kh, kw) read the other way round.
@@ -13,8 +13,8 @@ convolution's (out, in/groups, kh, kw) read the other way round.
 from .. import kernels
 from ..autograd import Function
 from .arith import as_tensor_like
-from .conv import (_pair, _single, batched, by_channel, columns, columns_grad, columns_product,
-                   weight_grad)
+from .conv import _pair, _single, batched
+from .conv_columns import by_channel, columns, columns_grad, columns_product, weight_grad
 
 
 class ConvTranspose2d(Function):
@@ -41,7 +41,8 @@ class ConvTranspose2d(Function):
         need = self.needs_input_grad
         gx = gw = gb = None
         if need[0] or need[1]:
-            cols = columns(g, self.weight.shape[2:], stride, pads, dilation, self.in_hw)
+            cols = columns(g, self.weight.shape[2:], stride, pads, dilation, self.in_hw,
+                           groups)
             if need[0]:
                 gx = columns_product(cols, self.weight, groups)
             if need[1]:
