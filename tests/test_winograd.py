@@ -142,20 +142,27 @@ def test_wide_layers_match_loops_and_the_gemm_path(float64, xs, o, padding, by_r
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("where", ["input", "output gradient"])
-def test_inf_gives_the_direct_sums_inf_not_nan(winograd_everywhere, where):
+# (where, image, channel, row, column, value): corners, edges and a later image
+NONFINITE_CASES = [("input", 0, 1, 2, 2, np.inf), ("input", 1, 0, 0, 0, -np.inf),
+                   ("input", 1, 2, 5, 5, np.nan), ("input", 0, 2, 5, 0, np.inf),
+                   ("output gradient", 1, 2, 3, 3, -np.inf),
+                   ("output gradient", 0, 0, 0, 0, np.nan),
+                   ("output gradient", 1, 3, 5, 5, np.inf),
+                   ("output gradient", 1, 1, 0, 5, -np.inf)]
+
+
+@pytest.mark.parametrize("where,n,c,r,s,value", NONFINITE_CASES)
+def test_inf_gives_the_direct_sums_inf_not_nan(winograd_everywhere, where, n, c, r, s, value):
     """Winograd's transforms subtract inputs, so an inf would give NaN (inf -
-    inf) where the direct sum (PyTorch's) gives inf: an inf in the input
-    sends the forward, and one in the output gradient the backward, to the
-    columns' GEMM; inf and NaN then sit exactly where the GEMM path puts them."""
+    inf) where the direct sum (PyTorch's) gives inf: the input transform
+    finds an inf or NaN in the input and the forward goes to the columns'
+    GEMM, the gradient transform one in the output gradient and the backward
+    does; inf and NaN then sit exactly where the GEMM path puts them."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
     w = np.abs(rng.standard_normal((4, 3, 3, 3))).astype(np.float32)
     g = np.ones((2, 4, 6, 6), np.float32)
-    if where == "input":
-        x[0, 1, 2, 2] = np.inf
-    else:
-        g[1, 2, 3, 3] = -np.inf
+    (x if where == "input" else g)[n, c, r, s] = value
     results = []
     for mode in ("numba", "xp"):
         with sn.kernels.use(mode), np.errstate(invalid="ignore"):
@@ -163,16 +170,40 @@ def test_inf_gives_the_direct_sums_inf_not_nan(winograd_everywhere, where):
             out = F.conv2d(xt, wt, padding=1)
             out.backward(sn.tensor(g))
             results.append([out.numpy(), xt.grad.numpy(), wt.grad.numpy()])
-    assert np.isinf(results[1][0 if where == "input" else 1]).any()  # the case is real
+    if not np.isnan(value):  # the case is real
+        assert np.isinf(results[1][0 if where == "input" else 1]).any()
     for got, want in zip(*results):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         finite = np.isfinite(want)
         np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
-    assert winograd_everywhere == ({"winograd_forward": 0, "winograd_backward": 0}
-                                   if where == "input" else
-                                   {"winograd_forward": 1, "winograd_backward": 0})
+    # the kernel was asked and handed the step back (the backward, after the
+    # columns' forward, is the columns' too)
+    assert winograd_everywhere == {"winograd_forward": 1,
+                                   "winograd_backward": 0 if where == "input" else 1}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_block_is_probed(dtype):
+    """A NaN in the last block of images (several blocks) or in the last row
+    and column of a wide layer still sends the call back."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((20, 16, 16, 16)).astype(dtype)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(dtype)
+    pads = ((1, 1), (1, 1))
+    assert len(winograd._Blocks(x.shape, 16, (16, 16), x.dtype, pads).ranges) > 1
+    out, saved = winograd.forward(x, w, None, pads, (16, 16))
+    g = np.ones_like(out)
+    assert winograd.backward(g, saved, w, pads) is not None
+    for where in ((19, 15, 15, 15), (19, 0, 0, 0), (17, 3, 4, 2), (0, 8, 15, 0)):
+        bad = x.copy()
+        bad[where] = np.nan
+        assert winograd.forward(bad, w, None, pads, (16, 16)) is None
+        bad_g = g.copy()
+        bad_g[where] = np.inf
+        assert winograd.backward(bad_g, saved, w, pads) is None
+        assert winograd.backward(bad_g, saved, w, pads, need_weight=False) is None
 
 
 def test_only_one_gradient_asked(winograd_everywhere):

@@ -40,8 +40,9 @@ before the products, so float32 results differ from the direct sum by
 rounding of the inputs' magnitude (tests: within 2e-6 of the largest value
 on a 16-channel layer); ``SPMDNET_KERNELS=xp`` and CuPy arrays keep the
 columns' GEMM. An inf would turn into NaN here (inf - inf) where the direct
-sum gives inf: ops.conv sends an input (forward) or output gradient
-(backward) holding an inf or a NaN to the columns' GEMM instead.
+sum gives inf: the input and gradient transforms notice an inf or a NaN
+among the values they read, ``forward`` and ``backward`` then return None,
+and ops.conv runs the columns' GEMM instead.
 """
 import numpy as np
 
@@ -136,19 +137,27 @@ class _Blocks:
         self.xt = np.zeros((per_block, self.padded[0], self.padded[1] * c), dtype)
         self.rows = np.empty((6, self.padded[1] * max(c, out_channels)), dtype)
         self.in_rows = self.rows[:4, :self.padded[1] * c]
+        self.probe = np.empty(self.rows.shape[1], dtype)  # the transforms' finiteness lanes
 
     def tile_count(self, start, stop):
         return (stop - start) * self.tiles_h * self.tiles_w
 
     def transform_input(self, x, v_planes):
-        transforms.input_transform(x, self.xt, v_planes, self.in_rows, self.geom)
+        """V of a block of images; False when x holds an inf or a NaN."""
+        return transforms.input_transform(x, self.xt, v_planes, self.in_rows, self.geom,
+                                          self.probe)
+
+    def transform_grad(self, g, dm_planes):
+        """dM of a block of images; False when g holds an inf or a NaN."""
+        return transforms.grad_transform(g, dm_planes, self.rows, self.probe)
 
 
 def forward(x, weight, bias, pads, out_hw):
     """(the convolution (N, O, Ho, Wo), what backward needs: x and U), a
     block of images at a time: V and M stay in the core's L2 between the
     transforms and the GEMMs (one pass over the input and the output in
-    memory)."""
+    memory). None when x holds an inf or a NaN (see the module docstring),
+    found by the input transform itself."""
     check_target("winograd", x, weight, bias)
     x = np.ascontiguousarray(x)
     c, o = x.shape[1], weight.shape[0]
@@ -164,7 +173,8 @@ def forward(x, weight, bias, pads, out_hw):
     sums = np.empty((8, blocks.tiles_w * o), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        blocks.transform_input(x[start:stop], v_planes)
+        if not blocks.transform_input(x[start:stop], v_planes):
+            return None
         np.matmul(v[:, :t], ut, out=m[:, :t])  # Mᵀ[k] (T, O) = Vᵀ[k] Uᵀ[k]
         transforms.output_transform(m_planes, bias, out[start:stop], sums,
                                     blocks.rows)
@@ -177,7 +187,8 @@ def backward(g, saved, weight, pads, need_weight=True, need_input=True):
     average over ResNet-18's layers in a profile), a block of images at a time as in
     ``forward``: dM = A g Aᵀ, dU = Σ dM Vᵀ
     (each block's V computed again from x: cheaper than keeping 4x the
-    input in memory), dw = Gᵀ dU G, dV = Uᵀ dM, dx = B dV Bᵀ added back."""
+    input in memory), dw = Gᵀ dU G, dV = Uᵀ dM, dx = B dV Bᵀ added back.
+    None when g holds an inf or a NaN, found by its transform."""
     x, u = saved
     check_target("winograd", g, x, weight)
     g = np.ascontiguousarray(g)
@@ -191,7 +202,8 @@ def backward(g, saved, weight, pads, need_weight=True, need_input=True):
     plane = np.empty((blocks.padded[0], blocks.padded[1] * c), x.dtype)
     for start, stop in blocks.ranges:
         t = blocks.tile_count(start, stop)
-        transforms.grad_transform(g[start:stop], dm_planes, blocks.rows)
+        if not blocks.transform_grad(g[start:stop], dm_planes):
+            return None
         if need_weight:
             blocks.transform_input(x[start:stop], v_planes)
             np.matmul(dm[:, :t].transpose(0, 2, 1), v[:, :t], out=du)

@@ -10,7 +10,9 @@ Stride-1 3x3 convolutions on many channels (ResNet's; where
 ``kernels.dispatch.winograd_takes`` says so) run Winograd F(2x2, 3x3)
 (kernels/winograd.py): 2.25x fewer multiply-adds in 16 GEMMs over blocks
 of images kept in L2, the input and the transformed weight saved (the
-input's transform is computed again in backward), no columns, no col2im.
+input's transform is computed again in backward), no columns, no col2im;
+an input or output gradient holding an inf or a NaN (found by Winograd's
+own transforms) takes the columns' GEMM, whose sums give PyTorch's inf.
 
 Stride-1 convolutions with few input channels per group (where
 ``kernels.dispatch.conv_direct_takes`` says so: depthwise, single-channel,
@@ -99,10 +101,12 @@ class Conv2d(Function):
         if winograd_takes(weight.shape, stride, dilation, groups):
             steps = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
                      ("winograd_forward", "winograd_backward")]
-            if all(steps) and _all_finite(x):  # stride-1 3x3 on many channels: no columns
+            # stride-1 3x3 on many channels: no columns; None: x holds an inf or a NaN
+            done = steps[0](x, weight, bias[0] if bias else None, pads, out_hw) \
+                if all(steps) else None
+            if done is not None:
                 self.cols, self.winograd = None, steps[1]
-                out, self.winograd_saved = steps[0](x, weight, bias[0] if bias else None, pads,
-                                                 out_hw)
+                out, self.winograd_saved = done
                 return out
         if conv_direct_takes(weight.shape, stride):
             self.direct = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
@@ -123,12 +127,12 @@ class Conv2d(Function):
         gw = gx = gb = None
         if self.winograd:
             saved, self.winograd_saved = self.winograd_saved, None
-            if _all_finite(g):
-                gw, gx = self.winograd(g, saved, self.weight, pads, need[1], need[0])
-            else:  # the columns' inf and NaN, as a direct sum gives them
+            grads = self.winograd(g, saved, self.weight, pads, need[1], need[0])
+            if grads is None:  # g holds an inf or a NaN: the columns' as a direct sum
                 self.cols = columns(saved[0], self.weight.shape[2:], stride, pads, dilation,
                                     g.shape[2:], groups)
-                gw, gx = self._gemm_backward(g)
+                grads = self._gemm_backward(g)
+            gw, gx = grads
         elif self.direct:
             gw, gx = self._direct_backward(g)
         else:
@@ -164,16 +168,6 @@ class Conv2d(Function):
             gx = columns_grad(g_t, self.weight, self.x_shape, g.shape[2:], stride, pads,
                               dilation, self.col2im)
         return gw, gx
-
-
-def _all_finite(a):
-    """False when ``a`` holds an inf or a NaN (or its sum overflows: then the
-    caller only takes the slower path). Winograd's transforms add and
-    subtract inputs before the products, so an inf there turns into NaN
-    (inf - inf) where a direct sum, PyTorch's, gives inf: such inputs take
-    the columns' GEMM instead. One sum, no temporary: 0.16 ms on ResNet-18's
-    largest activation (32x16x32x32), about 2 ms a step forward and backward."""
-    return bool(xp_of(a).isfinite(a.sum()))
 
 
 def _same_pads(kernel, dilation):
