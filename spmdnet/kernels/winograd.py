@@ -167,7 +167,7 @@ def forward(x, weight, bias, pads, out_hw):
     if x.shape[0] * blocks.tiles_h * blocks.tiles_w >= UT_COPY_MIN_TILES:
         ut = np.ascontiguousarray(ut)
     out = np.empty((x.shape[0], o) + tuple(out_hw), x.dtype)
-    bias = np.zeros(o, x.dtype) if bias is None else np.ascontiguousarray(bias)
+    bias = np.zeros(0, x.dtype) if bias is None else np.ascontiguousarray(bias)
     v_planes, v = stacked(blocks.span, c, x.dtype)
     m_planes, m = stacked(blocks.span, o, x.dtype)
     sums = np.empty((8, blocks.tiles_w * o), x.dtype)

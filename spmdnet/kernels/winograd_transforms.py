@@ -153,7 +153,7 @@ def _image_row_from(row, image, r, first, half):
 
 def _output_transform(m, bias, out, sums, rows):
     """out[n, o] = bias[o] + Aᵀ m_t A for every tile t, cut to (Ho, Wo); m is
-    (16, T·O) channels-last."""
+    (16, T·O) channels-last; an empty bias adds nothing."""
     batch, channels, ho, wo = out.shape
     tiles_h, tiles_w = (ho + 1) // 2, (wo + 1) // 2
     span = tiles_w * channels
@@ -175,6 +175,8 @@ def _output_transform(m, bias, out, sums, rows):
                     odd[q] = s1[q] - s2[q] - s3[q]
             for i in range(min(2, ho - 2 * a)):  # back to NCHW, then the bias
                 _image_row_from(rows[i], out[n], 2 * a + i, 0, span)
+                if bias.shape[0] == 0:  # no bias
+                    continue
                 for o in range(channels):
                     dest, b0 = out[n, o, 2 * a + i], bias[o]
                     for s in range(wo):
