@@ -28,6 +28,8 @@ CASES = [  # (x shape, w shape, padding, dilation, groups, loop pads)
     ((1, 4, 7, 9), (6, 2, 3, 4), 1, 1, 2, ((1, 1), (1, 1))),                # odd per group
     ((2, 3, 7, 6), (9, 3, 3, 3), 1, 1, 1, ((1, 1), (1, 1))),                # 4 + 4 + 1 outputs
     ((1, 2, 5, 6), (5, 2, 3, 3), 3, 1, 1, ((3, 3), (3, 3))),                # pad past k - 1
+    ((2, 8, 7, 9), (8, 8, 3, 3), 1, 1, 1, ((1, 1), (1, 1))),                # ResNet width 8
+    ((1, 15, 6, 5), (7, 15, 3, 3), 0, 1, 1, ((0, 0), (0, 0))),              # the bound
     ((2, 6, 9, 8), (10, 6, 5, 5), 0, 1, 1, ((0, 0), (0, 0))),               # input grad: GEMM
 ]
 
@@ -118,13 +120,15 @@ def test_direct_weight_grad_with_inf_and_nan_matches_gemm_path(direct_calls, ws,
 
 
 def test_direct_not_taken_elsewhere(direct_calls):
-    """The GEMM path for strides, more than 6 channels per group, and fewer
+    """The GEMM path for strides, more than 15 channels per group, and fewer
     than 9 taps on several channels (the measured shapes: CIFAR's conv1 and
-    conv2, ResNet's 3x3 stem)."""
+    conv2, ResNet's 3x3 stem, its 8-channel layers)."""
     assert dispatch.conv_direct_takes((16, 6, 5, 5), (1, 1))
     assert dispatch.conv_direct_takes((16, 3, 3, 3), (1, 1))
+    assert dispatch.conv_direct_takes((8, 8, 3, 3), (1, 1))
+    assert dispatch.conv_direct_takes((16, 15, 3, 3), (1, 1))
     assert not dispatch.conv_direct_takes((4, 3, 5, 5), (2, 1))
-    assert not dispatch.conv_direct_takes((16, 7, 3, 3), (1, 1))
+    assert not dispatch.conv_direct_takes((32, 16, 5, 5), (1, 1))
     assert not dispatch.conv_direct_takes((16, 3, 2, 2), (1, 1))
     x = sn.tensor(np.ones((1, 3, 9, 9), np.float32), requires_grad=True)
     F.conv2d(x, sn.ones(2, 3, 5, 5), stride=2).sum().backward()

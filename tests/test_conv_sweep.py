@@ -49,19 +49,20 @@ CONV_CASES = [
     (513, 17, 3, 1, 1, 1, 1, 5, "winograd"),
     (1024, 1024, 3, 1, 1, 1, 1, 1, "winograd"),
     (1023, 128, 3, 1, 1, 1, 1, 3, "winograd"),
-    # one side under 16 channels: the columns' GEMM
-    (15, 512, 3, 1, 1, 1, 1, 5, "gemm"),
+    # one side under 16 channels: the direct kernels (<= 15 in) or the columns' GEMM
+    (15, 512, 3, 1, 1, 1, 1, 5, "direct"),
     (1024, 8, 3, 1, 1, 1, 1, 3, "gemm"),
-    # direct: stride 1 and one input channel per group, or <= 6 channels and >= 9 taps
+    # direct: stride 1 and one input channel per group, or <= 15 channels and >= 9 taps
     (1, 1, 3, 1, 1, 1, 1, 1, "direct"),
     (1, 1024, 3, 1, 1, 1, 1, 5, "direct"),
     (3, 64, 7, 1, 3, 1, 1, 9, "direct"),
     (6, 17, 5, 1, 2, 1, 1, 7, "direct"),
+    (8, 8, 3, 1, 1, 1, 1, 9, "direct"),  # ResNet-18 at width 8
     (2, 255, 3, 1, 2, 2, 1, 5, "direct"),
     (512, 512, 3, 1, 1, 1, 512, 5, "direct"),  # depthwise
     (1024, 1024, 3, 1, 1, 1, 1024, 3, "direct"),
     # the columns' GEMM (col2im for the input gradient)
-    (7, 16, 3, 1, 1, 1, 1, 7, "gemm"),  # 7 channels: past the direct kernels
+    (16, 24, 5, 1, 2, 1, 1, 7, "gemm"),  # 16 channels: past the direct kernels, 5x5
     (4, 8, 1, 1, 0, 1, 1, 5, "gemm"),  # 1 tap
     (64, 128, 3, 2, 1, 1, 1, 9, "gemm"),
     (255, 513, 3, 2, 1, 1, 1, 5, "gemm"),

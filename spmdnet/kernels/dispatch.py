@@ -149,8 +149,17 @@ TABLE = {
 # 4.1-6.3 ms, faster in every run by 0.1-0.8 ms; the ResNet stem (3->16 3x3
 # pad 1, b32) 2.1-3.7 against 3.5-5.4 ms; 4->8 3x3 (32x32, b32) 2.8-3.9
 # against 3.6-4.5 ms; 6->16 3x3 (14x14, b64) even, 2.7-4.2 against 3.0-4.1 ms
-# (the bound). 16-channel 3x3 layers take Winograd (winograd_takes) first.
-CONV_DIRECT_MAX_CHANNELS = 6
+# (the bound then). 16-channel 3x3 layers take Winograd (winograd_takes) first.
+# Raised from 6 to 15 once the kernels did 4 output channels per pass: every
+# shape measured from 7 to 15 channels ran faster direct (forward + backward,
+# 1 thread, CPU time, min of 25 after a 64 MiB pass evicts the caches, columns
+# as rows): b32 8->8 3x3 at 32x32 1.42 against 3.56 ms, 10->10 2.27 against
+# 5.41, 15->15 4.51 against 9.72, 12->12 (b8, 64x64) 2.64 against 5.73, 8->64
+# 10.4 against 11.5, 7->24 3.77 against 5.89, 12->32 at 16x16 2.06 against
+# 2.14, 8->16 5x5 (b64, 28x28) 8.97 against 12.0; at 16-32 channels (5x5 and
+# dilated 3x3, outside Winograd) the two were even or the columns won (16->32
+# 5x5 4.67 against 5.53). ResNet-18 at width 8 (its 8-channel layers).
+CONV_DIRECT_MAX_CHANNELS = 15
 CONV_DIRECT_MIN_TAPS = 9
 
 
