@@ -17,8 +17,8 @@ optim_kernels  SGD and Adam/AdamW updates (maximize,    optim.SGD, optim.Adam
 special        float32 exp, erf for kernels;           the kernels above; ``erf_array``:
                erf on arrays in plain xp               ops.unary's exact GELU
 reduce         8-lane row sums/max                     the kernels above
-conv           col2im                                  ops.conv.Conv2d,
-                                                       ops.conv_transpose.ConvTranspose2d
+conv           channels-last padding, col2im (the      ops.conv_columns (ops.conv.Conv2d,
+               columns a row per output pixel)         ops.conv_transpose.ConvTranspose2d)
 conv_direct    direct stride-1 forward, input and      ops.conv.Conv2d on few input
                weight gradients (no columns); the      channels (dispatch.conv_direct_takes)
                weight gradient's: conv_direct_grad
