@@ -1,6 +1,6 @@
 """Training-step speed of the full-width CIFAR ResNet-18 against its GEMM and FLOP floors.
 
-    python benchmarks/resnet18_full_step.py [--steps 5] [--threads 1]
+    python benchmarks/resnet18_full_step.py [--steps 5] [--threads 1] [--width 64]
 
 ResNet-18 for 32x32 images at full width (64-128-256-512 channels: 3x3
 stem, no max-pool, BasicBlocks with BatchNorm2d and 1x1/s2 projection
@@ -19,7 +19,9 @@ at this core's measured float32 peak (the best 1024^3 GEMM). Winograd
 (stride-1 3x3 layers) does 2.25x fewer multiply-adds than the GEMMs, so
 ours/gemm can go below 1. Its every 512-channel layer hung in Winograd's
 buffer padding before; the step at full width is the measure of record for
-the big layers (benchmarks/cnn_step.py stops at 128 channels).
+the big layers (benchmarks/cnn_step.py stops at 128 channels). ``--width W``:
+the same network with W-2W-4W-8W channels (the peer's ``step.py resnet18``
+is width 16; below 16 channels the direct kernels take the 3x3 layers).
 """
 import os
 import time
@@ -33,7 +35,6 @@ from spmdnet.launch import thread_sweep
 from spmdnet.nn import functional as F
 
 BATCH = 32
-WIDTHS = (64, 128, 256, 512)
 
 
 class BasicBlock(nn.Module):
@@ -53,13 +54,18 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
+def stage_widths(width):
+    """The four stages' channels: width, 2·width, 4·width, 8·width."""
+    return tuple(width * 2 ** i for i in range(4))
+
+
 class ResNet18(nn.Module):
-    def __init__(self):
+    def __init__(self, widths):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, WIDTHS[0], 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(WIDTHS[0])
-        blocks, cin = [], WIDTHS[0]
-        for i, cout in enumerate(WIDTHS):
+        self.conv1 = nn.Conv2d(3, widths[0], 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        blocks, cin = [], widths[0]
+        for i, cout in enumerate(widths):
             blocks += [BasicBlock(cin, cout, 1 if i == 0 else 2), BasicBlock(cout, cout, 1)]
             cin = cout
         self.layers = nn.Sequential(*blocks)
@@ -70,11 +76,11 @@ class ResNet18(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
-def conv_shapes():
+def conv_shapes(widths):
     """(cin, cout, kernel, output side, needs input gradient) of every
     convolution of the step, in order."""
-    shapes, side, cin = [(3, WIDTHS[0], 3, 32, False)], 32, WIDTHS[0]
-    for i, cout in enumerate(WIDTHS):
+    shapes, side, cin = [(3, widths[0], 3, 32, False)], 32, widths[0]
+    for i, cout in enumerate(widths):
         stride = 1 if i == 0 else 2
         side //= stride
         shapes.append((cin, cout, 3, side, True))
@@ -85,28 +91,28 @@ def conv_shapes():
     return shapes
 
 
-def step_flops():
+def step_flops(widths):
     """Multiply-adds x 2 of the convolutions' and the Linear's forward,
     weight-gradient and input-gradient products."""
     total = 0
-    for cin, cout, k, side, grad in conv_shapes():
+    for cin, cout, k, side, grad in conv_shapes(widths):
         total += 2 * BATCH * side * side * cin * cout * k * k * (3 if grad else 2)
-    return total + 2 * BATCH * WIDTHS[-1] * 10 * 3
+    return total + 2 * BATCH * widths[-1] * 10 * 3
 
 
-def gemm_fn(rng):
+def gemm_fn(rng, widths):
     """The im2col products alone: one column matrix per distinct shape (the
     repeats reuse it), built before timing."""
     f32 = np.float32
     cols = {}
     work = []
-    for cin, cout, k, side, grad in conv_shapes():
+    for cin, cout, k, side, grad in conv_shapes(widths):
         key = (cin, k, side)
         if key not in cols:
             cols[key] = rng.standard_normal((BATCH * side * side, cin * k * k), f32)
         work.append((cols[key], rng.standard_normal((cin * k * k, cout), f32), grad))
-    feats, fc = rng.standard_normal((BATCH, WIDTHS[-1]), f32), rng.standard_normal(
-        (WIDTHS[-1], 10), f32)
+    feats, fc = rng.standard_normal((BATCH, widths[-1]), f32), rng.standard_normal(
+        (widths[-1], 10), f32)
 
     def step():
         g = feats @ fc
@@ -120,9 +126,9 @@ def gemm_fn(rng):
     return step
 
 
-def ours_fn(x, y):
+def ours_fn(x, y, widths):
     sn.manual_seed(0)
-    model = ResNet18()
+    model = ResNet18(widths)
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     xt = sn.tensor(x)
 
@@ -144,11 +150,12 @@ def peak_flops(repeats=5):
     return 2 * 1024 ** 3 / best
 
 
-def child(steps):
+def child(steps, width):
+    widths = stage_widths(width)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH, 3, 32, 32)).astype(np.float32)
     y = sn.tensor(rng.integers(0, 10, BATCH))
-    fns = {"ours": ours_fn(x, y), "gemm": gemm_fn(rng)}
+    fns = {"ours": ours_fn(x, y, widths), "gemm": gemm_fn(rng, widths)}
     for fn in fns.values():
         fn()  # warm-up: kernels compiled, buffers and momentum allocated
     times = {name: [] for name in fns}
@@ -158,20 +165,22 @@ def child(steps):
             fn()
             times[name].append(time.perf_counter() - t0)
     t = {name: float(np.median(ts)) for name, ts in times.items()}
-    flop = step_flops() / peak_flops()
+    flop = step_flops(widths) / peak_flops()
     print(f"{os.environ.get('OMP_NUM_THREADS', '?'):>7} {t['ours'] * 1e3:9.1f} "
           f"{t['gemm'] * 1e3:9.1f} {flop * 1e3:9.1f} {t['ours'] / t['gemm']:9.2f} "
           f"{t['ours'] / flop:9.2f}", flush=True)
 
 
-def header(steps):
-    return (f"full-width CIFAR ResNet-18, batch {BATCH}, 3x32x32, float32, SGD momentum; "
+def header(steps, width):
+    return (f"CIFAR ResNet-18 at width {width} ({'-'.join(map(str, stage_widths(width)))} "
+            f"channels), batch {BATCH}, 3x32x32, float32, SGD momentum; "
             f"median of {steps} interleaved steps (ms)\n"
             "threads   ours_ms   gemm_ms   flop_ms ours/gemm ours/flop")
 
 
 def main():
-    return thread_sweep(__file__, __doc__, child, header, steps=5)
+    return thread_sweep(__file__, __doc__, child, header, steps=5,
+                        options={"--width": (int, 64, "the first stage's channels")})
 
 
 if __name__ == "__main__":

@@ -184,19 +184,28 @@ def rerun_with_threads(script, threads, *args):
         subprocess.run([sys.executable, str(script), *map(str, args)], env=env, check=True)
 
 
-def thread_sweep(script, doc, child, header, threads=(1,), steps=30):
+def thread_sweep(script, doc, child, header, threads=(1,), steps=30, options=None):
     """The ``main()`` of a benchmark timed per BLAS thread count: options
     ``--steps`` and ``--threads``; prints ``header(steps)``, then runs
-    ``child(steps)`` in a fresh ``script --child`` process per thread count."""
+    ``child(steps)`` in a fresh ``script --child`` process per thread count.
+    ``options``: the benchmark's own, ``{"--name": (type, default, help)}``,
+    handed to ``header`` and ``child`` as keywords (``name``) and forwarded
+    to every child process."""
+    options = options or {}
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--threads", type=int, nargs="+", default=list(threads))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for flag, (kind, default, text) in options.items():
+        parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args()
+    own = {flag: getattr(args, flag.lstrip("-").replace("-", "_")) for flag in options}
+    keywords = {flag.lstrip("-").replace("-", "_"): value for flag, value in own.items()}
     if args.child:
-        return child(args.steps)
-    print(header(args.steps))
-    rerun_with_threads(script, args.threads, "--child", "--steps", args.steps)
+        return child(args.steps, **keywords)
+    print(header(args.steps, **keywords))
+    forwarded = [item for flag, value in own.items() for item in (flag, value)]
+    rerun_with_threads(script, args.threads, "--child", "--steps", args.steps, *forwarded)
     return 0
 
 

@@ -311,3 +311,37 @@ def test_help_says_how_to_get_plots():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "spmdnet[bench]" in proc.stdout
     assert mpiexec()  # the MPI tests above need one
+
+
+SWEEP = '''
+"""A benchmark with its own option."""
+from spmdnet.launch import thread_sweep
+
+
+def child(steps, width):
+    import os
+    print(f"child threads={os.environ['OMP_NUM_THREADS']} steps={steps} width={width}")
+
+
+def header(steps, width):
+    return f"header steps={steps} width={width}"
+
+
+thread_sweep(__file__, __doc__, child, header, steps=4,
+             options={"--width": (int, 64, "channels")})
+'''
+
+
+def test_thread_sweep_forwards_a_benchmarks_own_option(tmp_path):
+    """benchmarks/resnet18_full_step.py --width: the option reaches the
+    header and every child process, with the thread count of each."""
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP)
+    out = subprocess.run([sys.executable, str(script), "--width", "8", "--threads", "1", "2"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT, check=True).stdout
+    assert out.splitlines() == ["header steps=4 width=8",
+                                "child threads=1 steps=4 width=8",
+                                "child threads=2 steps=4 width=8"]
+    default = subprocess.run([sys.executable, str(script), "--steps", "2"], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT, check=True).stdout
+    assert default.splitlines() == ["header steps=2 width=64", "child threads=1 steps=2 width=64"]
