@@ -188,7 +188,8 @@ def thread_sweep(script, doc, child, header, threads=(1,), steps=30, options=Non
     """The ``main()`` of a benchmark timed per BLAS thread count: options
     ``--steps`` and ``--threads``; prints ``header(steps)``, then runs
     ``child(steps)`` in a fresh ``script --child`` process per thread count.
-    ``options``: the benchmark's own, ``{"--name": (type, default, help)}``,
+    ``options``: the benchmark's own, ``{"--name": (type, default, help)}``
+    with a type that reads back its own ``str`` (int, float, str: no bool),
     handed to ``header`` and ``child`` as keywords (``name``) and forwarded
     to every child process."""
     options = options or {}
@@ -204,7 +205,9 @@ def thread_sweep(script, doc, child, header, threads=(1,), steps=30, options=Non
     if args.child:
         return child(args.steps, **keywords)
     print(header(args.steps, **keywords))
-    forwarded = [item for flag, value in own.items() for item in (flag, value)]
+    # an option left at a default of None stays unset in the children too
+    forwarded = [item for flag, value in own.items() if value is not None
+                 for item in (flag, value)]
     rerun_with_threads(script, args.threads, "--child", "--steps", args.steps, *forwarded)
     return 0
 

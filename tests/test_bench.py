@@ -318,30 +318,34 @@ SWEEP = '''
 from spmdnet.launch import thread_sweep
 
 
-def child(steps, width):
+def child(steps, width, limit):
     import os
-    print(f"child threads={os.environ['OMP_NUM_THREADS']} steps={steps} width={width}")
+    print(f"child threads={os.environ['OMP_NUM_THREADS']} steps={steps} width={width} "
+          f"limit={limit}")
 
 
-def header(steps, width):
-    return f"header steps={steps} width={width}"
+def header(steps, width, limit):
+    return f"header steps={steps} width={width} limit={limit}"
 
 
 thread_sweep(__file__, __doc__, child, header, steps=4,
-             options={"--width": (int, 64, "channels")})
+             options={"--width": (int, 64, "channels"), "--limit": (int, None, "a cap")})
 '''
 
 
 def test_thread_sweep_forwards_a_benchmarks_own_option(tmp_path):
     """benchmarks/resnet18_full_step.py --width: the option reaches the
-    header and every child process, with the thread count of each."""
+    header and every child process, with the thread count of each; one left
+    at a default of None stays None there."""
     script = tmp_path / "sweep.py"
     script.write_text(SWEEP)
-    out = subprocess.run([sys.executable, str(script), "--width", "8", "--threads", "1", "2"],
+    out = subprocess.run([sys.executable, str(script), "--width", "8", "--threads", "1", "2",
+                          "--limit", "3"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=True).stdout
-    assert out.splitlines() == ["header steps=4 width=8",
-                                "child threads=1 steps=4 width=8",
-                                "child threads=2 steps=4 width=8"]
+    assert out.splitlines() == ["header steps=4 width=8 limit=3",
+                                "child threads=1 steps=4 width=8 limit=3",
+                                "child threads=2 steps=4 width=8 limit=3"]
     default = subprocess.run([sys.executable, str(script), "--steps", "2"], capture_output=True,
                              text=True, timeout=60, cwd=ROOT, check=True).stdout
-    assert default.splitlines() == ["header steps=2 width=64", "child threads=1 steps=2 width=64"]
+    assert default.splitlines() == ["header steps=2 width=64 limit=None",
+                                    "child threads=1 steps=2 width=64 limit=None"]

@@ -9,6 +9,7 @@ import pytest
 
 from spmdnet import config
 from spmdnet.distributed import guard
+from spmdnet.distributed.watchdog import _reached
 from tests.helpers.launch import run_mpi
 
 QUICK = {"SPMDNET_EXIT_TIMEOUT_S": "2"}
@@ -205,3 +206,17 @@ def test_bad_watchdog_value_fails_dist_init_naming_it(tmp_path):
     code, out, err, _ = launch(tmp_path, "from spmdnet import dist\ndist.init()\n", n=2,
                                env={"SPMDNET_WATCHDOG_S": "abc"})
     assert code != 0 and "SPMDNET_WATCHDOG_S='abc'" in err
+
+
+def test_a_later_number_on_a_same_named_communicator_of_other_ranks_is_not_past():
+    """Unnamed communicators share a label ("comm(size 2)" for every pair of a
+    mesh), each with its own numbers: a rank stuck at #40 of its tensor-parallel
+    pair has not gone past #7 of the data-parallel pair that waits for it."""
+    stalled = {"op": "allreduce", "seq": 7, "comm": "comm(size 2)", "members": (0, 2)}
+    other_pair = {"op": "allreduce", "seq": 40, "comm": "comm(size 2)", "members": (2, 3)}
+    same_pair = dict(other_pair, members=(0, 2))
+    assert not _reached({"pending": other_pair, "last": None}, stalled)
+    assert _reached({"pending": same_pair, "last": None}, stalled)
+    assert _reached({"pending": None, "last": dict(same_pair, seq=7)}, stalled)
+    assert not _reached({"pending": None, "last": dict(same_pair, seq=6)}, stalled)
+    assert not _reached({"pending": same_pair, "last": None}, dict(stalled, members=None))

@@ -276,3 +276,35 @@ def test_transformed_weight_is_g_w_gt():
 def test_winograd_kernels_as_plain_python():
     """The kernel bodies as plain Python give the GEMM path's numbers too."""
     run_plain_python_subprocess(__file__, "float32_equals_gemm")
+
+
+@pytest.mark.parametrize("where", ["input", "output gradient"])
+def test_finite_values_whose_transform_sums_overflow_take_the_columns(winograd_everywhere,
+                                                                      where):
+    """Finite float32 values near the top of the range: the transforms' sums
+    (d1 + d2, then two columns) would overflow to inf and then give NaN
+    (inf - inf), where the direct sum stays finite. The probe sends such
+    values to the columns' GEMM too, so the result is the xp path's."""
+    x = np.zeros((1, 16, 4, 4), np.float32)
+    w = np.full((16, 16, 3, 3), 1e-3, np.float32)
+    g = np.ones((1, 16, 4, 4), np.float32)
+    if where == "input":
+        x[0, 0, 1, :] = x[0, 0, 2, :] = 2e38
+    else:
+        x[...] = 1
+        g[0, 0, 0, :] = g[0, 0, 1, :] = 2e38
+    results = []
+    for mode in ("numba", "xp"):
+        with sn.kernels.use(mode), np.errstate(invalid="ignore", over="ignore"):
+            xt, wt = sn.tensor(x, requires_grad=True), sn.tensor(w, requires_grad=True)
+            out = F.conv2d(xt, wt, padding=1)
+            out.backward(sn.tensor(g))
+            results.append([out.numpy(), xt.grad.numpy(), wt.grad.numpy()])
+    assert np.isfinite(results[1][0 if where == "input" else 1]).all()  # the case is real
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5)
+    assert winograd_everywhere == {"winograd_forward": 1,
+                                   "winograd_backward": 0 if where == "input" else 1}

@@ -27,6 +27,7 @@ import threading
 import time
 
 from .. import config
+from ._mpi import mpi
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
@@ -160,7 +161,25 @@ def snapshot():
 
 
 def plain(entry):
-    """A state entry with its communicator and call site as text (or None)."""
+    """A state entry with its communicator and call site as text (or None),
+    and the communicator's members as world ranks (``comm_members``)."""
     if entry is None:
         return None
-    return dict(entry, comm=comm_label(entry["comm"]), site=format_site(entry["site"]))
+    return dict(entry, comm=comm_label(entry["comm"]), members=comm_members(entry["comm"]),
+                site=format_site(entry["site"]))
+
+
+def comm_members(comm):
+    """The world ranks of ``comm``'s members, in its rank order, or None
+    (no MPI group). Unnamed communicators share one label ("comm(size 2)"
+    for every pair of a mesh): with the members, two ranks' states name the
+    same communicator only when its members are the same too. A local call."""
+    try:
+        group, world = comm.Get_group(), mpi().COMM_WORLD.Get_group()
+        try:
+            return tuple(group.Translate_ranks(list(range(comm.Get_size())), world))
+        finally:
+            group.Free()
+            world.Free()
+    except Exception:  # not an MPI communicator (a stand-in), or MPI is gone
+        return None

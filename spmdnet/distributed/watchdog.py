@@ -177,16 +177,18 @@ class Deadline(threading.Thread):
 def _reached(st, pending):
     """Whether a rank in state ``st`` has reached the stalled collective
     ``pending``: it waits in it, or it has gone past it (a later number on the
-    same communicator: a gather's or a send-side's non-root ranks leave before
-    the root, so one rank's stall may find a healthy peer one call ahead)."""
+    same communicator, same label and same members: a gather's or a
+    send-side's non-root ranks leave before the root, so one rank's stall may
+    find a healthy peer one call ahead)."""
     other = st.get("pending")
     if other is not None and all(other[k] == pending[k] for k in ("op", "seq", "comm")):
         return True
-    if pending["seq"] == 0:  # point-to-point: not numbered, so only the same call counts
-        return False
+    if pending["seq"] == 0 or pending.get("members") is None:
+        return False  # point-to-point (not numbered), or no members to tell comms apart
     for key, past in (("pending", 1), ("last", 0)):
         entry = st.get(key)
         if entry is not None and entry["comm"] == pending["comm"] \
+                and entry.get("members") == pending["members"] \
                 and entry["seq"] >= pending["seq"] + past:
             return True
     return False

@@ -21,7 +21,8 @@ def _input_transform(x, xt, v, rows, geom, probe):
     """v[4k + l, t·C + c] = (Bᵀ d B)[k, l] for every tile t's 4x4 patch d of
     x's zero-padded channels-last copy xt (nb, Hp, Wp·C), whose rows hold
     the even columns, then the odd ones (``_column``). Returns whether every
-    value of x is finite (``_probe``)."""
+    value of x is finite and small enough for the transform's sums
+    (``_probe4``)."""
     top, left = geom
     batch, channels, h, w = x.shape
     tiles_h = (xt.shape[1] - 2) // 2
@@ -42,7 +43,7 @@ def _input_transform(x, xt, v, rows, geom, probe):
                 r1[q] = d1[q] + d2[q]
                 r2[q] = d2[q] - d1[q]
                 r3[q] = d1[q] - d3[q]
-            _probe(probe, r0, r3, length)  # d0 - d2 and d1 - d3 hold all four rows
+            _probe4(probe, d0, d1, d2, d3, length)
             at = (n * tiles_h + a) * span
             for k in range(4):  # (Bᵀ d) B: tile b's columns 2b..2b+3 are
                 row = rows[k]  # even b, odd b, even b+1, odd b+1
@@ -64,15 +65,27 @@ def _clear(probe, length):
 
 
 @njit_inline
-def _probe(probe, a, b, length):
-    """probe[q] += a[q]·0 + b[q]·0: NaN from an inf or a NaN in a or b, else
-    zero (no fast-math here, so the products are not folded away). A lane
-    per value, not one sum: the loop vectorises, and the caller's check of
-    its inputs (``isfinite(x.sum())``, a pass through memory: about 2 ms a
-    step of ResNet-18 at width 16) rides on the transform's own reads."""
-    zero = probe.dtype.type(0)
+def _probe4(probe, d0, d1, d2, d3, length):
+    """probe[q] += 4·(|d0| + |d1| + |d2| + |d3|)[q]·0: NaN from an inf or a
+    NaN among the four rows, or from values so large that the transform's
+    sums could overflow (each V value adds at most two columns of these four
+    rows: under half of 4x a column's sum), else zero. No fast-math here, so
+    the products are not folded away. A lane per value, not one sum: the
+    loop vectorises, and the op's check of its inputs (``isfinite(x.sum())``,
+    a pass through memory: about 2 ms a step of ResNet-18 at width 16) rides
+    on the transform's own reads."""
+    zero, four = probe.dtype.type(0), probe.dtype.type(4)
     for q in range(length):
-        probe[q] += a[q] * zero + b[q] * zero
+        probe[q] += (abs(d0[q]) + abs(d1[q]) + abs(d2[q]) + abs(d3[q])) * four * zero
+
+
+@njit_inline
+def _probe2(probe, g0, g1, length):
+    """``_probe4`` for the gradient transform's two rows (each dM value adds
+    at most two columns of both rows)."""
+    zero, four = probe.dtype.type(0), probe.dtype.type(4)
+    for q in range(length):
+        probe[q] += (abs(g0[q]) + abs(g1[q])) * four * zero
 
 
 @njit_inline
@@ -186,7 +199,8 @@ def _output_transform(m, bias, out, sums, rows):
 def _grad_transform(g, dm, rows, probe):
     """dm[4k + l, t·O + o] = (A g_t Aᵀ)[k, l], g_t the tile's 2x2 of the
     output gradient (zero past Ho, Wo): the adjoint of ``_output_transform``.
-    Returns whether every value of g is finite (``_probe``)."""
+    Returns whether every value of g is finite and small enough for the
+    transform's sums (``_probe2``)."""
     batch, channels, ho, wo = g.shape
     tiles_h, tiles_w = (ho + 1) // 2, (wo + 1) // 2
     span = tiles_w * channels
@@ -209,7 +223,7 @@ def _grad_transform(g, dm, rows, probe):
                 r1[q] = g0[q] + g1[q]
                 r2[q] = g0[q] - g1[q]
                 r3[q] = -g1[q]
-            _probe(probe, r0, r3, length)
+            _probe2(probe, g0, g1, length)
             at = (n * tiles_h + a) * span
             for k in range(4):  # (A g) Aᵀ: the even and odd column of each tile
                 even, odd = rows[k], rows[k, span:]
