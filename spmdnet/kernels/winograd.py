@@ -40,9 +40,10 @@ before the products, so float32 results differ from the direct sum by
 rounding of the inputs' magnitude (tests: within 2e-6 of the largest value
 on a 16-channel layer); ``SPMDNET_KERNELS=xp`` and CuPy arrays keep the
 columns' GEMM. An inf would turn into NaN here (inf - inf) where the direct
-sum gives inf: the input and gradient transforms notice an inf or a NaN
-among the values they read, ``forward`` and ``backward`` then return None,
-and ops.conv runs the columns' GEMM instead.
+sum gives inf, and finite values near the top of the range could overflow
+in the transforms' sums (then inf - inf): the input and gradient transforms
+notice an inf, a NaN or such a value among those they read, ``forward`` and
+``backward`` then return None, and ops.conv runs the columns' GEMM instead.
 """
 import numpy as np
 
@@ -143,12 +144,14 @@ class _Blocks:
         return (stop - start) * self.tiles_h * self.tiles_w
 
     def transform_input(self, x, v_planes):
-        """V of a block of images; False when x holds an inf or a NaN."""
+        """V of a block of images; False when x holds an inf, a NaN or a
+        value too large for the transform's sums."""
         return transforms.input_transform(x, self.xt, v_planes, self.in_rows, self.geom,
                                           self.probe)
 
     def transform_grad(self, g, dm_planes):
-        """dM of a block of images; False when g holds an inf or a NaN."""
+        """dM of a block of images; False when g holds an inf, a NaN or a
+        value too large for the transform's sums."""
         return transforms.grad_transform(g, dm_planes, self.rows, self.probe)
 
 
@@ -156,8 +159,9 @@ def forward(x, weight, bias, pads, out_hw):
     """(the convolution (N, O, Ho, Wo), what backward needs: x and U), a
     block of images at a time: V and M stay in the core's L2 between the
     transforms and the GEMMs (one pass over the input and the output in
-    memory). None when x holds an inf or a NaN (see the module docstring),
-    found by the input transform itself."""
+    memory). None when x holds an inf, a NaN or a value too large for the
+    transform's sums (see the module docstring), found by the input
+    transform itself."""
     check_target("winograd", x, weight, bias)
     x = np.ascontiguousarray(x)
     c, o = x.shape[1], weight.shape[0]
@@ -188,7 +192,8 @@ def backward(g, saved, weight, pads, need_weight=True, need_input=True):
     ``forward``: dM = A g Aᵀ, dU = Σ dM Vᵀ
     (each block's V computed again from x: cheaper than keeping 4x the
     input in memory), dw = Gᵀ dU G, dV = Uᵀ dM, dx = B dV Bᵀ added back.
-    None when g holds an inf or a NaN, found by its transform."""
+    None when g holds an inf, a NaN or a value too large for the
+    transform's sums, found by its transform."""
     x, u = saved
     check_target("winograd", g, x, weight)
     g = np.ascontiguousarray(g)

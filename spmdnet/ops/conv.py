@@ -101,7 +101,8 @@ class Conv2d(Function):
         if winograd_takes(weight.shape, stride, dilation, groups):
             steps = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
                      ("winograd_forward", "winograd_backward")]
-            # stride-1 3x3 on many channels: no columns; None: x holds an inf or a NaN
+            # stride-1 3x3 on many channels: no columns; None: x holds an inf, a NaN
+            # or a value too large for Winograd's sums
             done = steps[0](x, weight, bias[0] if bias else None, pads, out_hw) \
                 if all(steps) else None
             if done is not None:
@@ -128,7 +129,7 @@ class Conv2d(Function):
         if self.winograd:
             saved, self.winograd_saved = self.winograd_saved, None
             grads = self.winograd(g, saved, self.weight, pads, need[1], need[0])
-            if grads is None:  # g holds an inf or a NaN: the columns' as a direct sum
+            if grads is None:  # an inf, a NaN or a huge value in g: the columns' GEMM
                 self.cols = columns(saved[0], self.weight.shape[2:], stride, pads, dilation,
                                     g.shape[2:], groups)
                 grads = self._gemm_backward(g)
