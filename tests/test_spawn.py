@@ -19,6 +19,7 @@ import pytest
 
 from spmdnet import launch
 from spmdnet.distributed import launcher_env
+from spmdnet.multiprocessing.processes import ProcessContext, ProcessExitedException
 
 SCRIPT = textwrap.dedent('''
     import os, sys, time
@@ -113,6 +114,26 @@ def test_a_failing_rank_ends_the_others_and_raises(script, tmp_path, mode, expec
     assert expected in done.stdout, done.stdout + done.stderr
     assert ("RAISED" if mode == "raise" else "EXITED True") in done.stdout
     assert time.monotonic() - start < 100  # rank 0's 120 s sleep was cut short
+
+
+@pytest.mark.parametrize("rank0_status", [None, "signal 9"])
+def test_exit_code_is_the_failing_ranks_when_the_job_ended_before_join_looked(tmp_path,
+                                                                              rank0_status):
+    """mpiexec may end the job (the others killed, its own code 9) before
+    join() polls once: the exception still names the rank that failed and
+    its own code, from the status its supervisor wrote, not mpiexec's 9."""
+    folder = tmp_path / "spawn"
+    folder.mkdir()
+    for rank in (0, 1):
+        (folder / f"started-{rank}").write_text(str(1000 + rank))
+    (folder / "status-1").write_text("exit 7")
+    if rank0_status is not None:  # killed after rank 1 exited: a later status
+        time.sleep(0.05)
+        (folder / "status-0").write_text(rank0_status)
+    context = ProcessContext(None, str(folder), 2)
+    with pytest.raises(ProcessExitedException) as failed:
+        context._result(9)
+    assert (failed.value.error_index, failed.value.exit_code, failed.value.pid) == (1, 7, 1001)
 
 
 def test_sigterm_to_the_parent_stops_the_ranks_with_code_3(script, tmp_path):

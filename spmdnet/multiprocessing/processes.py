@@ -123,6 +123,8 @@ class ProcessContext:
     def _exited(self, code, missing, started):
         """PyTorch's ProcessExitedException for the first rank that failed:
         its own exit code, or ``-signal`` and the signal's name."""
+        if self._first_dead is None:  # the job ended before join() saw a status: look now
+            self._failure()
         statuses = self._statuses()
         rank = self._first_dead if self._first_dead is not None else \
             missing[0] if missing else 0
