@@ -3,11 +3,11 @@ padding, strides, dilation, groups), compiled for the CPU; the GEMMs stay
 with BLAS.
 
 The columns hold one row per output pixel, laid out (N, Ho, Wo, G, kh, kw,
-C/G) as ``ops.conv_columns.columns`` builds them: a group's row is one contiguous
-run, and the GEMMs read the output pixels as their long M side (see
-``ops.conv``: with OpenBLAS's AVX-512 kernels that orientation ran 1.3-2x
-faster on ResNet's 16-128 channel layers than the pixels as the long N
-side).
+C/G) as ``ops.conv_columns.columns`` builds them: a group's row is one
+contiguous run, and the GEMMs read the output pixels as their long M side
+(``ops.conv_columns`` has the measurements: with OpenBLAS's AVX-512 kernels
+that orientation ran up to 1.9x faster on ResNet's 16-128 channel stride-2
+layers than the pixels as the long N side).
 
 - ``channels_last``: the input zero-padded and channels-last (N, Hp, Wp,
   C), from which the columns are a strided view whose rows copy in runs of

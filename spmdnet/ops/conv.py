@@ -11,12 +11,14 @@ Stride-1 3x3 convolutions on many channels (ResNet's; where
 (kernels/winograd.py): 2.25x fewer multiply-adds in 16 GEMMs over blocks
 of images kept in L2, the input and the transformed weight saved (the
 input's transform is computed again in backward), no columns, no col2im;
-an input or output gradient holding an inf or a NaN (found by Winograd's
-own transforms) takes the columns' GEMM, whose sums give PyTorch's inf.
+an input or output gradient holding an inf, a NaN or a value too large for
+Winograd's sums (found by its own transforms) takes the columns' GEMM,
+whose sums give PyTorch's inf.
 
 Stride-1 convolutions with few input channels per group (where
 ``kernels.dispatch.conv_direct_takes`` says so: depthwise, single-channel,
-the CIFAR Net's first layer) build no columns: kernels/conv_direct.py's
+up to 15 channels with 9 taps or more: the CIFAR Net's layers, ResNets
+narrower than 16 channels) build no columns: kernels/conv_direct.py's
 forward and weight gradient read the padded input directly (saved instead
 of the columns); the input gradient is the same forward kernel over the
 padded output gradient with the flipped weights where
