@@ -137,9 +137,9 @@ def test_rank_gone_past_a_gather_is_not_named_late(tmp_path):
     """A gather's non-root ranks leave it before the root: rank 1 waits in the
     next broadcast while rank 0 still waits for rank 2. The report names only
     rank 2, the rank that has not reached the gather."""
-    code, out, err, seconds = launch(tmp_path, GATHER_AHEAD,
-                                     env={"SPMDNET_WATCHDOG_S": "1",
-                                          "SPMDNET_WATCHDOG_ABORT_S": "3"})
+    code, out, err, seconds = launch(tmp_path, GATHER_AHEAD,  # 2 s: rank 1 has moved on
+                                     env={"SPMDNET_WATCHDOG_S": "2",
+                                          "SPMDNET_WATCHDOG_ABORT_S": "4"})
     assert code != 0 and seconds < 30, (code, seconds, err)
     gather_report = [line for line in err.splitlines()
                      if line.startswith("[rank 0] watchdog") and "has waited" in line]
