@@ -19,6 +19,7 @@ import pytest
 
 import spmdnet as sn
 import spmdnet.nn.functional as F
+from spmdnet.ops import conv as conv_op
 from tests.helpers.kernel_calls import count_steps
 from tests.helpers.resnet18 import ResNet18, seeded_state
 
@@ -63,11 +64,16 @@ CONV_CASES = [
     (1024, 1024, 3, 1, 1, 1, 1024, 3, "direct"),
     # the columns' GEMM (col2im for the input gradient)
     (16, 24, 5, 1, 2, 1, 1, 7, "gemm"),  # 16 channels: past the direct kernels, 5x5
-    (4, 8, 1, 1, 0, 1, 1, 5, "gemm"),  # 1 tap
+    (4, 8, 1, 1, 1, 1, 1, 5, "gemm"),  # 1 tap, padded
+    (32, 64, 1, 1, 0, 1, 2, 5, "gemm"),  # 1 tap, two groups
     (64, 128, 3, 2, 1, 1, 1, 9, "gemm"),
     (255, 513, 3, 2, 1, 1, 1, 5, "gemm"),
     (512, 1024, 3, 2, 1, 1, 1, 3, "gemm"),
-    (256, 512, 1, 2, 0, 1, 1, 7, "gemm"),  # ResNet's projection shortcut
+    # 1x1, no padding, one group: a GEMM per image (against the columns' path)
+    (4, 8, 1, 1, 0, 1, 1, 5, "pointwise"),
+    (256, 512, 1, 2, 0, 1, 1, 7, "pointwise"),  # ResNet's projection shortcut
+    (1024, 255, 1, 1, 0, 1, 1, 3, "pointwise"),  # a bottleneck's reduction
+    (513, 1024, 1, 3, 0, 1, 1, 7, "pointwise"),
     (3, 64, 7, 2, 3, 1, 1, 9, "gemm"),  # ResNet's stem
     (256, 256, 3, 1, 2, 2, 1, 7, "gemm"),  # dilated
     (32, 64, 3, 1, 1, 1, 2, 5, "gemm"),  # two groups of 16
@@ -118,8 +124,13 @@ def test_conv2d_path_equals_xp(monkeypatch, dtype, case):
     w = rng.standard_normal((o, c // groups, k, k)) / np.sqrt(c // groups * k * k)
     b = rng.standard_normal(o)
     calls = count_steps(monkeypatch, "conv2d", CONV_STEPS)
-    got, want = _both_paths(lambda x, w, b: F.conv2d(x, w, b, stride, pad, dil, groups),
-                            (x, w, b), dtype)
+    conv = lambda x, w, b: F.conv2d(x, w, b, stride, pad, dil, groups)  # noqa: E731
+    got, want = _both_paths(conv, (x, w, b), dtype)
+    if path == "pointwise":  # both modes take it: its reference is the columns' path
+        assert sum(calls.values()) == 0
+        with monkeypatch.context() as patch:
+            patch.setattr(conv_op, "pointwise_takes", lambda *args: False)
+            want = _both_paths(conv, (x, w, b), dtype)[1]
     _compare(got, want, dtype)
     if path == "winograd":
         assert calls["winograd_forward"] == calls["winograd_backward"] == 1
@@ -128,7 +139,7 @@ def test_conv2d_path_equals_xp(monkeypatch, dtype, case):
         assert calls["direct_forward"] == calls["direct_weight_grad"] == 1
         assert calls["direct_input_grad"] == 1
         assert calls["winograd_forward"] == 0 and calls["col2im"] == 0
-    else:
+    elif path == "gemm":
         assert calls["winograd_forward"] == calls["direct_forward"] == 0
         assert calls["col2im"] == 1
 

@@ -15,6 +15,9 @@ an input or output gradient holding an inf, a NaN or a value too large for
 Winograd's sums (found by its own transforms) takes the columns' GEMM,
 whose sums give PyTorch's inf.
 
+1x1 convolutions without padding, one group (``conv_pointwise``): a GEMM
+per image on the strided-sampled input, already NCHW (no columns).
+
 Stride-1 convolutions with few input channels per group (where
 ``kernels.dispatch.conv_direct_takes`` says so: depthwise, single-channel,
 up to 15 channels with 9 taps or more: the CIFAR Net's layers, ResNets
@@ -31,7 +34,9 @@ from ..kernels import conv_direct
 from ..kernels.dispatch import conv_direct_input_takes, conv_direct_takes, winograd_takes
 from ..backend import xp_of
 from .arith import as_tensor_like
+from . import conv_pointwise as pointwise
 from .conv_columns import by_channel, columns, columns_grad, columns_product, weight_grad
+from .conv_pointwise import pointwise_takes
 
 
 def _pair(value, name):
@@ -98,7 +103,7 @@ class Conv2d(Function):
         self.args = (stride, pads, dilation, groups)
         self.weight, self.x_shape = weight, x.shape
         self.has_bias = bool(bias)
-        self.direct = self.winograd = None
+        self.direct = self.winograd = self.pointwise = None
         self.col2im = kernels.lookup("conv2d", x, step="col2im")
         if winograd_takes(weight.shape, stride, dilation, groups):
             steps = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
@@ -111,6 +116,9 @@ class Conv2d(Function):
                 self.cols, self.winograd = None, steps[1]
                 out, self.winograd_saved = done
                 return out
+        if pointwise_takes(weight.shape, pads, groups):  # 1x1: a GEMM per image, no columns
+            self.cols, self.pointwise = None, pointwise.sampled(x, stride, out_hw)
+            return pointwise.forward(self.pointwise, weight, bias[0] if bias else None)
         if conv_direct_takes(weight.shape, stride):
             self.direct = [kernels.lookup("conv2d", x, weight, *bias, step=step) for step in
                            ("direct_forward", "direct_weight_grad", "direct_input_grad")]
@@ -136,6 +144,10 @@ class Conv2d(Function):
                                     g.shape[2:], groups)
                 grads = self._gemm_backward(g)
             gw, gx = grads
+        elif self.pointwise is not None:
+            xs, self.pointwise = self.pointwise, None
+            gw = pointwise.weight_grad(g, xs) if need[1] else None
+            gx = pointwise.input_grad(g, self.weight, self.x_shape, stride) if need[0] else None
         elif self.direct:
             gw, gx = self._direct_backward(g)
         else:
