@@ -19,7 +19,6 @@ from spmdnet import kernels, nn, optim
 from spmdnet.autograd import gradcheck
 from spmdnet.autograd.grad_placement import place_grad
 from spmdnet.kernels import _cpu, _numba, dispatch, loss, norm
-from spmdnet.kernels import conv as conv_kernels
 from spmdnet.ops import batchnorm
 from spmdnet.ops.nn_ops import LayerNorm
 
@@ -284,8 +283,8 @@ def _every_row(dtype):
     image = t(2, 1, 6, 6)
     pooled = F.max_pool2d(F.conv2d(image, t(2, 1, 3, 3), padding=1), 2)
     pooled = pooled + F.conv2d(image, t(2, 1, 3, 3), padding=1, stride=2)  # col2im
-    # an image as wide as conv.SCATTER_MIN_WIDTH: the compiled channels-last pass
-    strip = F.conv2d(t(1, 2, 1, conv_kernels.SCATTER_MIN_WIDTH), t(1, 2, 1, 3), stride=2)
+    # an image as wide as CHANNELS_LAST_MIN_WIDTH: the compiled channels-last pass
+    strip = F.conv2d(t(1, 2, 1, dispatch.CHANNELS_LAST_MIN_WIDTH), t(1, 2, 1, 3), stride=2)
     channels = dispatch.WINOGRAD_MIN_CHANNELS
     wide = F.conv2d(t(1, channels, 4, 4), t(channels, channels, 3, 3), padding=1)
     total = F.cross_entropy(h, np.array([0, 1, 2, 3, 0, 1])) + attention.sum() + pooled.sum()

@@ -275,11 +275,11 @@ def backward(g, saved, activation="relu", bias_grad=False, bias_out=None):
             gb[...] = 0
         return gx, gb
     c = _constants(g.dtype)
-    g2, s2, gx2 = reduce.rows(xp, g), reduce.rows(xp, s), gx.reshape(-1, m)
-    aux2 = reduce.rows(xp, aux) if aux is not None else gx2[:, :0]
-    if gb is None:  # no column sums: one long row (image rows can be 4 long)
-        g2, s2, gx2 = g2.reshape(1, -1), s2.reshape(1, -1), gx2.reshape(1, -1)
-        aux2 = aux2.reshape(1, -1) if aux is not None else gx2[:, :0]
+    # no column sums: one long row (image rows can be 4 long)
+    shape = (-1, m) if gb is not None else (1, -1)
+    g2, s2 = reduce.rows(xp, g).reshape(shape), reduce.rows(xp, s).reshape(shape)
+    gx2 = gx.reshape(shape)
+    aux2 = reduce.rows(xp, aux).reshape(shape) if aux is not None else gx2[:, :0]
     _cpu[activation, "backward"](g2, s2, aux2, gx2, gx2[0, :0] if gb is None else gb, c)
     return gx, gb
 

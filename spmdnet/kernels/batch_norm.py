@@ -122,9 +122,7 @@ def _grad_sums(g, x, k0, rounded, sums, j0, scratch, run):
     centers, rounded to x's dtype): positions k0.. of g and x (N, C·L)."""
     center_at, acc_g, acc_gx = scratch[0], scratch[1], scratch[2]
     width = rounded.shape[0] * run
-    for j in range(rounded.shape[0]):
-        for k in range(j * run, (j + 1) * run):
-            center_at[k] = rounded[j]
+    _spread(rounded, center_at[:width])
     for k in range(width):
         acc_g[k] = acc_gx[k] = 0.0
     end = x.shape[0] - x.shape[0] % 4
@@ -137,13 +135,8 @@ def _grad_sums(g, x, k0, rounded, sums, j0, scratch, run):
             gk = np.float64(gi[k])
             acc_g[k] += gk
             acc_gx[k] += gk * (np.float64(xi[k]) - center_at[k])
-    for j in range(rounded.shape[0]):  # _channel_totals' order
-        ta = tb = 0.0
-        for k in range(j * run, (j + 1) * run):
-            ta += acc_g[k]
-            tb += acc_gx[k]
-        sums[0, j0 + j] = ta
-        sums[1, j0 + j] = tb
+    end = j0 + rounded.shape[0]
+    _channel_totals(acc_g[:width], acc_gx[:width], sums[0, j0:end], sums[1, j0:end])
 
 
 @njit_inline

@@ -12,7 +12,8 @@ layers than the pixels as the long N side).
 - ``channels_last``: the input zero-padded and channels-last (N, Hp, Wp,
   C), from which the columns are a strided view whose rows copy in runs of
   kw·C/G values (one NumPy copy). Written a padded image row at a time,
-  from the C rows of the NCHW planes under it (``SCATTER_MIN_WIDTH``).
+  from the C rows of the NCHW planes under it (taken from
+  ``dispatch.CHANNELS_LAST_MIN_WIDTH`` pixels wide).
 - ``col2im``: the adjoint, the input gradient (N, C, H, W) from the columns'
   gradient (the transposed convolution's forward too). One image at a time:
   every window's row run adds into a zeroed padded channels-last image (a
@@ -29,14 +30,6 @@ from ..backend import xp_of
 from ._cpu import CpuKernel
 from ._numba import njit_inline
 from ._target import check_target
-
-
-# The compiled pass writes each image row from its C plane rows, and pays where
-# those rows are long: b32, 1 thread, CPU time, against NumPy's transposing
-# copy: 16 channels at 32x32 0.24 against 0.31 ms, 3 at 32x32 0.07 against
-# 0.10; at 16x16 and below NumPy's is as fast or faster (32 channels 0.13
-# against 0.10, 64 at 8x8 0.075 against 0.043), so narrower inputs take it.
-SCATTER_MIN_WIDTH = 32
 
 
 def _channels_last(x, out, geom):
@@ -120,12 +113,7 @@ def channels_last(x, pads):
     check_target("conv", x)
     (top, bottom), (left, right) = pads
     n, c, h, w = x.shape
-    shape = (n, h + top + bottom, w + left + right, c)
-    if w < SCATTER_MIN_WIDTH:
-        out = np.zeros(shape, x.dtype)
-        out[:, top:top + h, left:left + w] = x.transpose(0, 2, 3, 1)
-        return out
-    out = np.empty(shape, x.dtype)
+    out = np.empty((n, h + top + bottom, w + left + right, c), x.dtype)
     _channels_last_kernel(np.ascontiguousarray(x), out, (int(top), int(left)))
     return out
 

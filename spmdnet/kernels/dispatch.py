@@ -163,6 +163,21 @@ CONV_DIRECT_MAX_CHANNELS = 15
 CONV_DIRECT_MIN_TAPS = 9
 
 
+# kernels/conv.py's channels-last pass writes each padded image row from its C
+# plane rows, and pays where those rows are long: b32, 1 thread, CPU time,
+# against NumPy's transposing copy (ops.conv_columns.channels_last_padded):
+# 16 channels at 32x32 0.24 against 0.31 ms, 3 at 32x32 0.07 against 0.10; at
+# 16x16 and below NumPy's is as fast or faster (32 channels 0.13 against 0.10,
+# 64 at 8x8 0.075 against 0.043).
+CHANNELS_LAST_MIN_WIDTH = 32
+
+
+def channels_last_takes(x_shape):
+    """True when the columns' channels-last copy of an (N, C, H, W) input
+    should run the compiled pass (the op still asks ``lookup`` for it)."""
+    return x_shape[3] >= CHANNELS_LAST_MIN_WIDTH
+
+
 def conv_direct_takes(weight_shape, stride):
     """True when conv2d should run the direct kernels for this weight (O,
     C/G, kh, kw) and stride (the op still asks ``lookup`` for them)."""

@@ -10,18 +10,13 @@ import numpy as np
 
 from ..autograd.meta import register_elementwise, register_shape_rule
 from . import activations, nn_ops, pooling, rnn, unary
-from .conv import Conv2d
+from .conv import Conv2d, conv_out_shape
 from .conv_transpose import ConvTranspose2d
 
 
-def _conv_size(n, k, stride, pad, dilation):
-    return (n + sum(pad) - dilation * (k - 1) - 1) // stride + 1
-
-
 def _conv2d(x, weight, *bias, stride=(1, 1), pads=((0, 0), (0, 0)), dilation=(1, 1), **_):
-    hw = tuple(_conv_size(n, k, s, p, d) for n, k, s, p, d in
-               zip(x.shape[2:], weight.shape[2:], stride, pads, dilation))
-    return (x.shape[0], weight.shape[0]) + hw, np.result_type(x, weight)
+    return (conv_out_shape(x.shape, weight.shape, stride, pads, dilation),
+            np.result_type(x, weight))
 
 
 def _conv_transpose2d(x, weight, *bias, groups=1, out_hw=(1, 1), **_):

@@ -26,6 +26,7 @@ import math
 
 from .. import kernels
 from ..backend import xp_of
+from ..kernels.dispatch import channels_last_takes
 
 
 def channels_last_padded(x, pads):
@@ -46,9 +47,9 @@ def columns(x, kernel, stride, pads, dilation, out_hw, groups=1):
     bottom), (left, right)); the bottom and right grow to what the windows
     reach and the windows stop at ``out_hw`` (a transposed convolution's
     backward asks for its input's size). The input is padded channels-last
-    once (``kernels.lookup("conv2d", x, step="channels_last")``, else
-    ``channels_last_padded``); each group's row is then copied from a
-    strided view in runs of kw·C/G values."""
+    once (kernels/conv.py's pass where ``dispatch.channels_last_takes``
+    says so, else ``channels_last_padded``); each group's row is then copied
+    from a strided view in runs of kw·C/G values."""
     xp = xp_of(x)
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
@@ -56,10 +57,9 @@ def columns(x, kernel, stride, pads, dilation, out_hw, groups=1):
     (top, _), (left, _) = pads
     bottom = max(0, (ho - 1) * sh + dh * (kh - 1) + 1 - h - top)
     right = max(0, (wo - 1) * sw + dw * (kw - 1) + 1 - w - left)
-    if (kh, kw) == (1, 1) and (top, left, bottom, right) == (0, 0, 0, 0):
-        # a strided 1x1 window reads every s-th pixel: transpose only those
-        x, (sh, sw) = x[:, :, :(ho - 1) * sh + 1:sh, :(wo - 1) * sw + 1:sw], (1, 1)
-    widen = kernels.lookup("conv2d", x, step="channels_last") or channels_last_padded
+    kernel = kernels.lookup("conv2d", x, step="channels_last") \
+        if channels_last_takes(x.shape) else None
+    widen = kernel or channels_last_padded
     xh = widen(x, ((top, bottom), (left, right)))
     s = xh.strides
     cg = c // groups
@@ -112,8 +112,11 @@ def columns_product(cols, weight, groups, bias=None):
     xp = xp_of(cols, weight)
     n, ho, wo = cols.shape[:3]
     o = weight.shape[0]
-    # the (K, O/G) operand contiguous: a copy of the small weight
-    w_t = xp.ascontiguousarray(weight_rows(weight, groups).transpose(0, 2, 1))
+    # the (K, O/G) operand contiguous in the columns' (kh, kw, c) order: one copy
+    _, cg, kh, kw = weight.shape
+    w_t = xp.ascontiguousarray(weight.reshape(groups, o // groups, cg, kh, kw)
+                               .transpose(0, 3, 4, 2, 1)).reshape(groups, kh * kw * cg,
+                                                                  o // groups)
     prod = xp.matmul(group_rows(cols, groups), w_t)  # (G, M, O/G)
     prod = prod.reshape(groups, n, ho * wo, o // groups).transpose(1, 0, 3, 2)
     out = xp.empty((n, o, ho, wo), prod.dtype)

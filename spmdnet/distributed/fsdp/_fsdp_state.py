@@ -176,14 +176,15 @@ class FSDPState:
         trainable = [e for e in self.entries if e.full.requires_grad]
         if trainable:
             self.buffer, self.votes, channels = unit_buffer(
-                trainable, [self._name(e) for e in trainable], self.shard_comm,
+                trainable, self._names(trainable), self.shard_comm,
                 self.replicate_comm, self.reduce_dtype)
             weakref.finalize(self, _release, channels)
 
-    def _name(self, entry):
+    def _names(self, entries):
+        """Each entry's parameter name in the module (one walk of its tree)."""
         paths = {id(m): path for path, m in self.module.named_modules()}
-        owner, name = entry.slots[0]
-        return f"{paths.get(id(owner), type(owner).__name__)}.{name}".lstrip(".")
+        return [f"{paths.get(id(owner), type(owner).__name__)}.{name}".lstrip(".")
+                for owner, name in (entry.slots[0] for entry in entries)]
 
     def _gather(self, e):
         length = e.shard.global_shape[e.dim]
@@ -288,7 +289,7 @@ class FSDPState:
 
     def _grad_ready(self, full):
         if not self.filled:
-            name = next(self._name(e) for e in self.entries if e.full is full)
+            name = self._names([next(e for e in self.entries if e.full is full)])[0]
             raise RuntimeError(
                 f"fully_shard({type(self.module).__name__}): the gradient of {name} was "
                 "computed while the unit was resharded (its storage released), so backward "

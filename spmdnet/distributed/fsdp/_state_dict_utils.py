@@ -23,6 +23,23 @@ class StateDictMode:
         only0 = self.rank0_only if rank0_only is None else rank0_only
         return {} if only0 and dist.get_rank() != 0 else state
 
+    def state_dict(self, *args, rank0_only=None, **kwargs):
+        """The full state with the original model's keys (every rank, or rank 0
+        only: ``rank0_only``, default as ``state_dict_type`` set). Sharded:
+        Tensors that are copies, on the model's device; between forward and
+        backward too, units whose full parameters a pending backward holds
+        stay as they are (not gathered, not freed). The wrapped model's own
+        ``state_dict()`` gives the same (``_module_hooks.state_hooks``).
+        Collective."""
+        return self._for_this_rank(self.module.state_dict(*args, **kwargs), rank0_only)
+
+    def load_state_dict(self, state, strict=True):
+        """Load a full state (as ``state_dict`` returns); sharded, each rank
+        keeps its shards (as the wrapped model's own ``load_state_dict``), and
+        not between forward and backward (RuntimeError): the pending backward
+        would recompute or differentiate with other parameters."""
+        return self.module.load_state_dict(state, strict=strict)
+
     @staticmethod
     @contextlib.contextmanager
     def state_dict_type(module, state_dict_type, state_dict_config=None,
@@ -58,32 +75,10 @@ class StateDictMode:
 class Unsharded(StateDictMode, DistributedDataParallel):
     """NO_SHARD: data parallelism; the state has the model's own keys."""
 
-    def state_dict(self, *args, rank0_only=None, **kwargs):
-        return self._for_this_rank(self.module.state_dict(*args, **kwargs), rank0_only)
-
-    def load_state_dict(self, state, strict=True):
-        return self.module.load_state_dict(state, strict)
-
 
 class ShardedState(StateDictMode):
     """The state methods of the sharded wrapper (``flats()``, ``module``,
     ``size`` and ``_open_forward`` are the wrapper's)."""
-
-    def state_dict(self, *args, rank0_only=None, **kwargs):
-        """The full state with the original model's keys (every rank, or rank 0
-        only: ``rank0_only``, default as ``state_dict_type`` set): Tensors that
-        are copies, on the model's device. Between forward and backward too:
-        units whose full parameters a pending backward holds stay as they are
-        (not gathered, not freed). The wrapped model's own ``state_dict()``
-        gives the same (``_module_hooks.state_hooks``). Collective."""
-        return self._for_this_rank(self.module.state_dict(*args, **kwargs), rank0_only)
-
-    def load_state_dict(self, state, strict=True):
-        """Load a full state (as ``state_dict`` returns) and keep this rank's
-        shards (as the wrapped model's own ``load_state_dict``). Not between
-        forward and backward (RuntimeError): the pending backward would
-        recompute or differentiate with other parameters."""
-        return self.module.load_state_dict(state, strict=strict)
 
     def check_loadable(self):
         if self._open_forward:

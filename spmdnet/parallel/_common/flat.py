@@ -28,6 +28,7 @@ import math
 from itertools import accumulate
 
 from ...backend import data_address, is_cupy_array, xp_of
+from ...distributed.tensor._placements import chunk_bounds
 
 MB = 1024 * 1024
 FIRST_BUCKET_MB = 1.0  # DDP's default: a small first bucket starts communication early
@@ -108,12 +109,6 @@ class ChunkLayout:
     def shard_range(self, rank):
         return rank * self.shard_numel, (rank + 1) * self.shard_numel
 
-    def bounds(self, i, rank):
-        """Rows [start, stop) of array ``i`` along its dimension in piece ``rank``."""
-        length = self.shapes[i][self.dims[i]]
-        start = min(rank * self.steps[i], length)
-        return start, min(start + self.steps[i], length)
-
     def _blocks(self, flat, i):
         """Array ``i``'s padded pieces in ``flat``: (parts, step, *other dims), a view."""
         shape, dim = self.shapes[i], self.dims[i]
@@ -127,7 +122,7 @@ class ChunkLayout:
         """Copy (``add``: add) array ``i`` into its pieces in ``flat``."""
         if not self.numels[i]:
             return
-        moved = _dim_first(array.reshape(self.shapes[i]), self.dims[i])
+        moved = xp_of(array).moveaxis(array.reshape(self.shapes[i]), self.dims[i], 0)
         blocks, step, length = self._blocks(flat, i), self.steps[i], moved.shape[0]
         full = length // step  # pieces of ``step`` rows; then at most one shorter
         parts = [(blocks[:full], moved[:full * step].reshape((full, step) + moved.shape[1:]))]
@@ -142,27 +137,12 @@ class ChunkLayout:
     def piece(self, shard, i, rank):
         """Array ``i``'s piece ``rank`` (its ``torch.chunk`` piece, unpadded)
         read from ``shard``, that rank's shard of a flat (a view)."""
-        start, stop = self.bounds(i, rank)
+        start, stop = chunk_bounds(self.shapes[i][self.dims[i]], self.parts, rank)
         shape, dim = self.shapes[i], self.dims[i]
         rest = shape[:dim] + shape[dim + 1:]
         at = self.offsets[i]
         block = shard[at:at + (stop - start) * self.rows[i]].reshape((stop - start,) + rest)
-        return _dim_back(block, dim)
-
-
-def _dim_first(array, dim):
-    if not dim:
-        return array
-    order = (dim,) + tuple(d for d in range(array.ndim) if d != dim)
-    return array.transpose(order)
-
-
-def _dim_back(array, dim):
-    """The inverse of ``_dim_first``: axis 0 goes back to position ``dim``."""
-    if not dim:
-        return array
-    order = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, array.ndim))
-    return array.transpose(order)
+        return xp_of(block).moveaxis(block, 0, dim)
 
 
 def bucket_bytes(bucket_mb):
